@@ -1,0 +1,353 @@
+"""The one config schema. Every setting of the studio is declared here, once.
+
+TOML files, CLI overrides (``--set optimizer.learning_rate=2e-4``), presets, the GUI form and
+``config_example.toml`` all go through :class:`TrainConfig`. Each field carries its type, its
+default, its bounds, a one-line help text and UI hints (``modes``: the training modes that use it;
+``advanced``: shown in the closed part of its section; ``widget``: a special editor such as a
+folder path). Optional fields default to ``None`` (``None`` means off); a ``0`` is always a value.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+SCHEMA_VERSION = 1
+
+MODES = ("lora", "dreambooth", "textual_inversion")
+Mode = Literal["lora", "dreambooth", "textual_inversion"]
+Widget = Literal["text", "dir", "file", "textarea", "list", "dict"]
+
+EMBEDDED_MODEL = "embedded:tiny-sd15"
+EMBEDDED_DATASET = "embedded:sample-dataset"
+
+
+def setting(
+    default: Any,
+    help: str,
+    *,
+    modes: tuple[str, ...] = MODES,
+    advanced: bool = False,
+    widget: Optional[Widget] = None,
+    **bounds: Any,
+) -> Any:
+    """A schema field: default, bounds (ge/gt/le/lt), help and UI hints in one place."""
+    for mode in modes:
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}")
+    ui = {"modes": list(modes), "advanced": advanced}
+    if widget:
+        ui["widget"] = widget
+    return Field(default, description=help, json_schema_extra={"ui": ui}, **bounds)
+
+
+class Section(BaseModel):
+    """Base of every section: unknown keys are errors and assignments are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelSection(Section):
+    pretrained_model_name_or_path: str = setting(
+        EMBEDDED_MODEL,
+        "Base model: a diffusers folder, a .safetensors/.ckpt file, or embedded:tiny-sd15.",
+        widget="dir",
+    )
+    model_version: Literal["auto", "sd1", "sd2", "sdxl"] = setting(
+        "auto", "Architecture of the base model; auto reads it from the model's configs.",
+        advanced=True,
+    )
+    prediction_type: Optional[Literal["epsilon", "v_prediction"]] = setting(
+        None, "Training target; unset takes the base model's scheduler setting.", advanced=True
+    )
+    vae: Optional[str] = setting(
+        None, "A different VAE (diffusers folder or file) instead of the model's own.",
+        advanced=True, widget="dir",
+    )
+    clip_skip: int = setting(
+        1, "Use the output of the n-th last text-encoder layer (2 for many anime models).",
+        advanced=True, ge=1, le=12,
+    )
+
+
+class DatasetSection(Section):
+    train_data_dir: str = setting(
+        EMBEDDED_DATASET,
+        "Folder of N_concept subfolders (N = repeats) with images and caption files.",
+        widget="dir",
+    )
+    reg_data_dir: Optional[str] = setting(
+        None, "Folder of N_class regularization images (prior preservation).",
+        modes=("lora", "dreambooth"), widget="dir",
+    )
+    caption_extension: str = setting(
+        ".txt", "Extension of the caption files beside the images.", advanced=True,
+        pattern=r"^\.[A-Za-z0-9_]+$",
+    )
+    resolution: int = setting(
+        512, "Training resolution (the base side of the buckets), in pixels.",
+        ge=64, le=4096, multiple_of=8,
+    )
+    enable_bucket: bool = setting(True, "Aspect-ratio bucketing: train images at their shape.")
+    min_bucket_reso: int = setting(
+        256, "Smallest bucket side, in pixels.", advanced=True, ge=64, le=4096, multiple_of=8
+    )
+    max_bucket_reso: int = setting(
+        1024, "Largest bucket side, in pixels.", advanced=True, ge=64, le=8192, multiple_of=8
+    )
+    bucket_reso_steps: int = setting(
+        64, "Step between bucket sides, in pixels.", advanced=True, ge=8, le=512, multiple_of=8
+    )
+    bucket_no_upscale: bool = setting(
+        False, "Never upscale an image to fit a bucket; small images get smaller buckets.",
+        advanced=True,
+    )
+    random_crop: bool = setting(
+        False, "Crop at a random place instead of the center.", advanced=True
+    )
+    flip_aug: bool = setting(False, "Also train on horizontally flipped images.", advanced=True)
+    shuffle_caption: bool = setting(False, "Shuffle the comma-separated tags of each caption.")
+    keep_tokens: int = setting(
+        0, "Keep the first N tags in place when shuffling or dropping tags.", ge=0, le=255
+    )
+    caption_dropout_rate: float = setting(
+        0.0, "Probability of training an image with an empty caption.", advanced=True, ge=0, le=1
+    )
+    caption_tag_dropout_rate: float = setting(
+        0.0, "Probability of dropping each tag (past keep_tokens).", advanced=True, ge=0, le=1
+    )
+    caption_prefix: Optional[str] = setting(
+        None, "Text put before every caption.", advanced=True
+    )
+    caption_suffix: Optional[str] = setting(None, "Text put after every caption.", advanced=True)
+    cache_latents: bool = setting(True, "Encode every image once and keep the latents.")
+    cache_latents_to_disk: bool = setting(
+        False, "Keep the latent cache on disk, reused by the next run on the same data."
+    )
+    cache_dir: Optional[str] = setting(
+        None, "Folder of the disk latent cache; unset uses .cache inside train_data_dir.",
+        advanced=True, widget="dir",
+    )
+    cache_text_encoder_outputs: bool = setting(
+        False, "Encode each caption once (only when the text encoder is frozen and captions "
+        "do not change per step).", advanced=True,
+    )
+
+
+class NetworkSection(Section):
+    network_dim: int = setting(8, "LoRA rank.", modes=("lora",), ge=1, le=1024)
+    network_alpha: float = setting(
+        4.0, "LoRA alpha; the update is scaled by alpha / rank.", modes=("lora",), gt=0, le=4096
+    )
+    network_dropout: Optional[float] = setting(
+        None, "Dropout on the LoRA path.", modes=("lora",), advanced=True, ge=0, lt=1
+    )
+    conv_dim: Optional[int] = setting(
+        None, "Rank of LoRA on the 3x3 convolutions too (LoCon); unset trains attention only.",
+        modes=("lora",), advanced=True, ge=1, le=1024,
+    )
+    conv_alpha: Optional[float] = setting(
+        None, "Alpha of the convolution LoRA; unset uses conv_dim.", modes=("lora",),
+        advanced=True, gt=0, le=4096,
+    )
+    train_unet: bool = setting(True, "Train the UNet.", modes=("lora", "dreambooth"))
+    train_text_encoder: bool = setting(
+        False, "Train the text encoder too.", modes=("lora", "dreambooth")
+    )
+    token_string: Optional[str] = setting(
+        None, "The new token that the embedding learns, e.g. <my-cat>.",
+        modes=("textual_inversion",),
+    )
+    init_word: Optional[str] = setting(
+        None, "A word whose embedding starts the new token.", modes=("textual_inversion",)
+    )
+    num_vectors_per_token: int = setting(
+        1, "Number of embedding vectors for the token.", modes=("textual_inversion",),
+        ge=1, le=75,
+    )
+
+
+OptimizerName = Literal["AdamW", "AdamW8bit", "Lion", "Lion8bit", "Adafactor", "Prodigy"]
+SchedulerName = Literal[
+    "constant", "constant_with_warmup", "linear", "cosine", "cosine_with_restarts", "polynomial"
+]
+
+
+class OptimizerSection(Section):
+    optimizer_type: OptimizerName = setting("AdamW", "Optimizer.")
+    learning_rate: float = setting(1e-4, "Base learning rate.", gt=0, le=10)
+    unet_lr: Optional[float] = setting(
+        None, "Learning rate of the UNet; unset uses learning_rate.", modes=("lora", "dreambooth"),
+        advanced=True, gt=0, le=10,
+    )
+    text_encoder_lr: Optional[float] = setting(
+        None, "Learning rate of the text encoder; unset uses learning_rate.",
+        modes=("lora", "dreambooth"), advanced=True, gt=0, le=10,
+    )
+    weight_decay: float = setting(0.01, "Weight decay.", advanced=True, ge=0, le=1)
+    optimizer_args: dict[str, Union[bool, int, float, str]] = setting(
+        {}, "Extra keyword arguments for the optimizer, e.g. {d_coef = 2.0} for Prodigy.",
+        advanced=True, widget="dict",
+    )
+    lr_scheduler: SchedulerName = setting("constant", "Learning-rate schedule.")
+    lr_warmup_steps: int = setting(0, "Warm-up steps at the start of the schedule.", ge=0)
+    lr_scheduler_num_cycles: int = setting(
+        1, "Restarts of cosine_with_restarts.", advanced=True, ge=1, le=1000
+    )
+    lr_scheduler_power: float = setting(
+        1.0, "Power of the polynomial schedule.", advanced=True, gt=0, le=100
+    )
+    max_grad_norm: float = setting(
+        1.0, "Clip gradients to this norm; 0 turns clipping off (as in sd-scripts).", ge=0
+    )
+
+
+class TrainingSection(Section):
+    max_train_epochs: Optional[int] = setting(
+        None, "Train this many epochs; with neither this nor max_train_steps set, one epoch.",
+        ge=1, le=100000,
+    )
+    max_train_steps: Optional[int] = setting(
+        None, "Train this many optimizer steps; when both are set the first reached wins.",
+        ge=1, le=10_000_000,
+    )
+    train_batch_size: int = setting(1, "Images per batch.", ge=1, le=1024)
+    gradient_accumulation_steps: int = setting(
+        1, "Batches summed into one optimizer step.", advanced=True, ge=1, le=1024
+    )
+    mixed_precision: Literal["auto", "no", "fp16", "bf16"] = setting(
+        "auto", "Compute precision; auto picks what the device does best."
+    )
+    full_bf16: bool = setting(
+        False, "Keep the trained weights in bf16 too (saves memory; needs bf16 precision).",
+        advanced=True,
+    )
+    gradient_checkpointing: bool = setting(
+        False, "Recompute activations in the backward pass to save memory.", advanced=True
+    )
+    seed: int = setting(42, "Random seed.", ge=0, le=2**32 - 1)
+    noise_offset: Optional[float] = setting(
+        None, "Noise offset (Guttenberg 2023): lets the model learn darker and brighter images.",
+        advanced=True, ge=0, le=1,
+    )
+    min_snr_gamma: Optional[float] = setting(
+        None, "Min-SNR loss weighting gamma (Hang et al. 2023); 5 is the paper's value.",
+        advanced=True, gt=0, le=100,
+    )
+    prior_loss_weight: float = setting(
+        1.0, "Weight of the regularization images' loss.", modes=("lora", "dreambooth"),
+        advanced=True, ge=0, le=100,
+    )
+    log_with: Literal["none", "tensorboard"] = setting(
+        "tensorboard", "Write training logs for TensorBoard into logging_dir.", advanced=True
+    )
+    logging_dir: Optional[str] = setting(
+        None, "Folder of the TensorBoard logs; unset uses logs inside output_dir.",
+        advanced=True, widget="dir",
+    )
+
+
+class SamplingSection(Section):
+    sample_prompts: list[str] = setting(
+        [], "Prompts of the sample images, one per line.", widget="list"
+    )
+    sample_every_n_steps: Optional[int] = setting(
+        None, "Make sample images every N steps.", ge=1
+    )
+    sample_every_n_epochs: Optional[int] = setting(
+        None, "Make sample images every N epochs.", ge=1
+    )
+    sample_sampler: Literal["ddim", "euler", "euler_a", "dpmsolver++"] = setting(
+        "euler_a", "Sampler of the sample images.", advanced=True
+    )
+    sample_steps: int = setting(20, "Denoising steps per sample image.", advanced=True, ge=1,
+                                le=1000)
+    sample_guidance_scale: float = setting(
+        7.0, "Classifier-free guidance scale of the samples.", advanced=True, ge=0, le=50
+    )
+    sample_seed: int = setting(0, "Seed of the sample images.", advanced=True, ge=0,
+                               le=2**32 - 1)
+
+
+class SavingSection(Section):
+    output_dir: str = setting("output", "Folder that receives the trained files.", widget="dir")
+    output_name: str = setting(
+        "last", "File name (without extension) of the trained files.",
+        pattern=r"^[^/\\:*?\"<>|]+$", min_length=1, max_length=200,
+    )
+    save_precision: Literal["fp32", "fp16", "bf16"] = setting(
+        "fp16", "Precision of the saved weights."
+    )
+    save_every_n_epochs: Optional[int] = setting(
+        None, "Also save <name>-<epoch>.safetensors every N epochs.", ge=1
+    )
+    save_every_n_steps: Optional[int] = setting(
+        None, "Also save <name>-step<step>.safetensors every N steps.", advanced=True, ge=1
+    )
+    metadata_title: Optional[str] = setting(None, "Title in the file's metadata.", advanced=True)
+    metadata_author: Optional[str] = setting(
+        None, "Author in the file's metadata.", advanced=True
+    )
+    metadata_description: Optional[str] = setting(
+        None, "Description in the file's metadata.", advanced=True, widget="textarea"
+    )
+    metadata_license: Optional[str] = setting(
+        None, "License in the file's metadata.", advanced=True
+    )
+
+
+SECTIONS: dict[str, type[Section]] = {
+    "model": ModelSection,
+    "dataset": DatasetSection,
+    "network": NetworkSection,
+    "optimizer": OptimizerSection,
+    "training": TrainingSection,
+    "sampling": SamplingSection,
+    "saving": SavingSection,
+}
+
+
+class TrainConfig(BaseModel):
+    """A whole training job."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    schema_version: int = Field(SCHEMA_VERSION, ge=1, le=SCHEMA_VERSION)
+    mode: Mode = setting("lora", "What is trained: a LoRA, the whole model, or an embedding.")
+    model: ModelSection = Field(default_factory=ModelSection)
+    dataset: DatasetSection = Field(default_factory=DatasetSection)
+    network: NetworkSection = Field(default_factory=NetworkSection)
+    optimizer: OptimizerSection = Field(default_factory=OptimizerSection)
+    training: TrainingSection = Field(default_factory=TrainingSection)
+    sampling: SamplingSection = Field(default_factory=SamplingSection)
+    saving: SavingSection = Field(default_factory=SavingSection)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "TrainConfig":
+        ds = self.dataset
+        if ds.min_bucket_reso > ds.max_bucket_reso:
+            raise ValueError(
+                f"dataset.min_bucket_reso ({ds.min_bucket_reso}) is larger than "
+                f"dataset.max_bucket_reso ({ds.max_bucket_reso})"
+            )
+        if self.network.conv_alpha is not None and self.network.conv_dim is None:
+            raise ValueError("network.conv_alpha is set but network.conv_dim is not: set both")
+        if self.mode == "textual_inversion" and not self.network.token_string:
+            raise ValueError("network.token_string is required in textual_inversion mode")
+        return self
+
+
+def iter_fields() -> list[tuple[str, str, Any]]:
+    """(section, name, FieldInfo) of every setting, in declaration order; section '' is top."""
+    out: list[tuple[str, str, Any]] = [("", "mode", TrainConfig.model_fields["mode"])]
+    for section, cls in SECTIONS.items():
+        for name, info in cls.model_fields.items():
+            out.append((section, name, info))
+    return out
+
+
+def ui_hints(info: Any) -> dict[str, Any]:
+    """The UI hints (modes, advanced, widget) of a field."""
+    extra = info.json_schema_extra or {}
+    return dict(extra.get("ui", {"modes": list(MODES), "advanced": False}))
