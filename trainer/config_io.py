@@ -7,11 +7,12 @@ GUI form) ends in :func:`from_dict`, so every path gets the same validation and 
 from __future__ import annotations
 
 import difflib
-import tomllib
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 import tomli_w
+import tomllib
 from pydantic import ValidationError
 
 from trainer.config import SCHEMA_VERSION, SECTIONS, TrainConfig, iter_fields
@@ -195,6 +196,9 @@ def example_toml() -> str:
         default = info.get_default(call_default_factory=True)
         if default is None:
             lines.append(f"# {name} =")
+        elif isinstance(default, dict):  # inline, so the section's keys that follow stay in it
+            items = ", ".join(tomli_w.dumps({k: v}).strip() for k, v in default.items())
+            lines.append(f"{name} = {{{items}}}" if items else f"{name} = {{}}")
         else:
             lines.append(tomli_w.dumps({name: default}).rstrip("\n"))
     return "\n".join(lines) + "\n"

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Run the whole test suite (CPU, tiny models, a real headless Chromium for the browser tests).
+# Runs ./setup.sh --dev first when the test tools are missing, and installs Debian's chromium
+# when it is missing and apt-get can be used. Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")"
+VENV=${KOHYA_VENV:-$PWD/.venv}
+if ! grep -q "dev=1" "$VENV/.kohya-setup-ok" 2>/dev/null; then
+  ./setup.sh --dev
+fi
+if [ ! -x /usr/bin/chromium ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "test.sh: installing Debian's chromium for the browser tests"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "test.sh: the browser tests need /usr/bin/chromium: sudo apt-get install chromium" >&2
+    exit 1
+  fi
+fi
+export HF_HUB_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False
+exec "$VENV/bin/python" -m pytest "$@"

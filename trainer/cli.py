@@ -1,0 +1,125 @@
+"""``python -m trainer``: train from a TOML config, check the environment, build the embedded model.
+
+    python -m trainer train CONFIG.toml [--set section.key=value ...]
+    python -m trainer doctor
+    python -m trainer tiny-model DIR
+    python -m trainer example-config [--check]
+
+Config errors print one line per problem (naming the dotted key) and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Optional
+
+from trainer.paths import PROJECT_ROOT
+
+EXAMPLE_PATH = PROJECT_ROOT / "config_example.toml"
+
+
+class ConsoleSink:
+    """Prints the trainer's events: log lines, and a tqdm bar over the steps."""
+
+    def __init__(self) -> None:
+        self.bar = None
+
+    def emit(self, event) -> None:
+        from tqdm import tqdm
+
+        from trainer import events as ev
+
+        if isinstance(event, ev.Started):
+            self.bar = tqdm(total=event.total_steps, unit="step", dynamic_ncols=True)
+        elif isinstance(event, ev.Step) and self.bar is not None:
+            self.bar.update(event.step - self.bar.n)
+            self.bar.set_postfix(epoch=event.epoch, loss=f"{event.loss_avg:.4f}",
+                                 lr=f"{event.lr:.2e}")
+        elif isinstance(event, ev.Log):
+            self._write(("WARNING: " if event.level == "warning" else "") + event.message)
+        elif isinstance(event, ev.Finished):
+            if self.bar is not None:
+                self.bar.close()
+            self._write(f"{event.status} at step {event.step}"
+                        + (f": {event.output_path}" if event.output_path else ""))
+
+    def _write(self, line: str) -> None:
+        if self.bar is not None:
+            self.bar.write(line)
+        else:
+            print(line, flush=True)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from trainer import config_io
+    from trainer.loop import run
+
+    try:
+        cfg = config_io.load(args.config, args.set or [])
+    except config_io.ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    result = run(cfg, ConsoleSink())
+    if result.status == "failed":
+        print(f"error: {result.error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _tiny_model(args: argparse.Namespace) -> int:
+    from trainer.models.tiny import save_tiny_model
+
+    path = save_tiny_model(args.dir)
+    print(f"wrote the tiny SD 1.x model to {path}")
+    return 0
+
+
+def _example_config(args: argparse.Namespace) -> int:
+    from trainer.config_io import example_toml
+
+    text = example_toml()
+    if args.check:
+        current = EXAMPLE_PATH.read_text(encoding="utf-8") if EXAMPLE_PATH.exists() else ""
+        if current != text:
+            print(f"{EXAMPLE_PATH} is stale: run `python -m trainer example-config`",
+                  file=sys.stderr)
+            return 1
+        print(f"{EXAMPLE_PATH} is up to date")
+        return 0
+    EXAMPLE_PATH.write_text(text, encoding="utf-8")
+    print(f"wrote {EXAMPLE_PATH}")
+    return 0
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from trainer import doctor
+
+    return doctor.main([])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser("train", help="train from a TOML config (full or partial)")
+    train.add_argument("config", type=Path, help="the config file, e.g. presets/lora/default.toml")
+    train.add_argument("--set", action="append", metavar="KEY=VALUE",
+                       help="override a setting, e.g. --set optimizer.learning_rate=2e-4")
+    train.set_defaults(func=_train)
+    sub.add_parser("doctor", help="report the device, the torch build and known problems"
+                   ).set_defaults(func=_doctor)
+    tiny = sub.add_parser("tiny-model", help="write the embedded tiny SD 1.x model to DIR")
+    tiny.add_argument("dir", type=Path)
+    tiny.set_defaults(func=_tiny_model)
+    example = sub.add_parser("example-config", help="write config_example.toml from the schema")
+    example.add_argument("--check", action="store_true", help="only check that it is fresh")
+    example.set_defaults(func=_example_config)
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    return args.func(args)

@@ -1,0 +1,82 @@
+"""LoRA through peft: what is injected, what trains, and how it is saved (kohya format)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from peft import LoraConfig, inject_adapter_in_model
+
+from trainer.config import TrainConfig
+
+# The Linear (and 1x1 conv) layers of the UNet's transformer blocks, as sd-scripts targets them.
+UNET_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "proj_in", "proj_out", "ff.net.0.proj",
+                "ff.net.2"]
+# The 3x3 convolutions of the ResNet blocks and the resamplers (LoCon, network.conv_dim).
+UNET_CONV_TARGETS = ["conv1", "conv2", "conv_shortcut", "downsamplers.0.conv",
+                     "upsamplers.0.conv"]
+TEXT_ENCODER_TARGETS = ["q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2"]
+
+
+def unet_lora_config(cfg: TrainConfig) -> LoraConfig:
+    net = cfg.network
+    targets = list(UNET_TARGETS)
+    rank_pattern: dict[str, int] = {}
+    alpha_pattern: dict[str, float] = {}
+    if net.conv_dim is not None:
+        targets += UNET_CONV_TARGETS
+        conv_alpha = net.conv_alpha if net.conv_alpha is not None else float(net.conv_dim)
+        for name in UNET_CONV_TARGETS:
+            rank_pattern[name] = net.conv_dim
+            alpha_pattern[name] = conv_alpha
+    return LoraConfig(
+        r=net.network_dim, lora_alpha=net.network_alpha, lora_dropout=net.network_dropout or 0.0,
+        init_lora_weights="gaussian", target_modules=targets, rank_pattern=rank_pattern,
+        alpha_pattern=alpha_pattern,
+    )
+
+
+def text_encoder_lora_config(cfg: TrainConfig) -> LoraConfig:
+    net = cfg.network
+    return LoraConfig(
+        r=net.network_dim, lora_alpha=net.network_alpha, lora_dropout=net.network_dropout or 0.0,
+        init_lora_weights="gaussian", target_modules=TEXT_ENCODER_TARGETS,
+    )
+
+
+def lora_parameters(module: torch.nn.Module) -> list[torch.nn.Parameter]:
+    return [p for n, p in module.named_parameters() if "lora_" in n]
+
+
+class LoraMethod:
+    def __init__(self, cfg: TrainConfig):
+        self.cfg = cfg
+        self.trains_text_encoder = cfg.network.train_text_encoder
+
+    def prepare(self, model: Any) -> list[dict[str, Any]]:
+        """Freeze the base model, inject the adapters and return the parameter groups."""
+        opt = self.cfg.optimizer
+        for module in (model.unet, model.text_encoder, model.vae):
+            module.requires_grad_(False)
+        groups: list[dict[str, Any]] = []
+        if self.cfg.network.train_unet:
+            model.unet.add_adapter(unet_lora_config(self.cfg))
+            groups.append({"params": lora_parameters(model.unet),
+                           "lr": opt.unet_lr or opt.learning_rate, "name": "unet"})
+        if self.trains_text_encoder:
+            inject_adapter_in_model(text_encoder_lora_config(self.cfg), model.text_encoder)
+            groups.append({"params": lora_parameters(model.text_encoder),
+                           "lr": opt.text_encoder_lr or opt.learning_rate,
+                           "name": "text_encoder"})
+        if not groups:
+            raise ValueError("network.train_unet and network.train_text_encoder are both off: "
+                             "nothing would train; turn one on")
+        return groups
+
+    def save(self, path, model: Any, facts: Any):
+        from trainer.export.lora import save_lora
+
+        dtype = {"fp32": torch.float32, "fp16": torch.float16,
+                 "bf16": torch.bfloat16}[self.cfg.saving.save_precision]
+        te = model.text_encoder if self.trains_text_encoder else None
+        return save_lora(path, model.unet, te, self.cfg, facts, dtype)

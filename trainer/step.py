@@ -1,0 +1,106 @@
+"""One training step's forward pass: from a batch to the loss. Shared by every method."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+from diffusers.training_utils import compute_snr
+
+from trainer.config import TrainConfig
+from trainer.losses import diffusion_loss, min_snr_weights, offset_noise, target_for
+from trainer.models.loader import text_embeddings
+
+
+def encode_images(vae, pixels: torch.Tensor) -> torch.Tensor:
+    """Pixels in [-1, 1] -> scaled latents (the distribution's mode, so caching is exact)."""
+    latents = vae.encode(pixels.to(vae.device, vae.dtype)).latent_dist.mode()
+    return latents * vae.config.scaling_factor
+
+
+def encode_captions(model: Any, captions: list[str], clip_skip: int) -> torch.Tensor:
+    tok = model.tokenizer
+    ids = tok(captions, padding="max_length", max_length=tok.model_max_length, truncation=True,
+              return_tensors="pt").input_ids.to(model.text_encoder.device)
+    return text_embeddings(model.text_encoder, ids, clip_skip)
+
+
+def batch_loss(batch: Any, model: Any, cfg: TrainConfig, device: torch.device,
+               dtype: torch.dtype) -> torch.Tensor:
+    """The diffusion loss of one batch (noise, timesteps, UNet prediction, weighting)."""
+    if batch.latents is not None:
+        latents = batch.latents.to(device, dtype)
+    else:
+        with torch.no_grad():
+            latents = encode_images(model.vae, batch.pixels).to(device, dtype)
+    noise = offset_noise(torch.randn_like(latents), cfg.training.noise_offset)
+    scheduler = model.noise_scheduler
+    timesteps = torch.randint(0, scheduler.config.num_train_timesteps, (latents.shape[0],),
+                              device=device).long()
+    noisy = scheduler.add_noise(latents, noise, timesteps)
+    if getattr(batch, "text_embeds", None) is not None:
+        hidden = batch.text_embeds.to(device, dtype)
+    else:
+        with torch.set_grad_enabled(model.text_encoder.training):
+            hidden = encode_captions(model, batch.captions, cfg.model.clip_skip)
+    pred = model.unet(noisy, timesteps, hidden).sample
+    target = target_for(model.prediction_type, latents, noise, timesteps, scheduler)
+    weights = batch.loss_weights.to(device).float()
+    if cfg.training.min_snr_gamma is not None:
+        snr = compute_snr(scheduler, timesteps)
+        weights = weights * min_snr_weights(snr, cfg.training.min_snr_gamma,
+                                            model.prediction_type)
+    return diffusion_loss(pred, target, weights)
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """The step arithmetic: images x repeats / batch -> batches; / accumulation -> steps."""
+
+    batches_per_epoch: int
+    steps_per_epoch: int
+    total_steps: int
+    epochs: int
+
+
+def plan_steps(batches_per_epoch: int, accumulation: int, max_steps: Optional[int],
+               max_epochs: Optional[int]) -> StepPlan:
+    if batches_per_epoch < 1:
+        raise ValueError("the dataset gives no batch: add images or lower the batch size")
+    per_epoch = max(1, -(-batches_per_epoch // accumulation))
+    if max_steps is None:
+        epochs = max_epochs or 1
+        total = epochs * per_epoch
+    else:
+        total = max_steps if max_epochs is None else min(max_steps, max_epochs * per_epoch)
+        epochs = -(-total // per_epoch)
+    return StepPlan(batches_per_epoch, per_epoch, total, epochs)
+
+
+class Meter:
+    """Moving-average loss, steps per second and the time left."""
+
+    def __init__(self, window: int = 20):
+        self.losses: deque[float] = deque(maxlen=window)
+        self.times: deque[float] = deque(maxlen=window + 1)
+
+    def update(self, loss: float, now: float) -> None:
+        self.losses.append(loss)
+        self.times.append(now)
+
+    @property
+    def loss_avg(self) -> float:
+        return sum(self.losses) / len(self.losses) if self.losses else float("nan")
+
+    @property
+    def it_per_s(self) -> float:
+        if len(self.times) < 2:
+            return 0.0
+        span = self.times[-1] - self.times[0]
+        return (len(self.times) - 1) / span if span > 0 else 0.0
+
+    def eta(self, remaining_steps: int) -> Optional[float]:
+        rate = self.it_per_s
+        return remaining_steps / rate if rate > 0 else None
