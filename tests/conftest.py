@@ -1,0 +1,30 @@
+"""Shared fixtures: a private studio home per test session, the embedded tiny model."""
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def studio_home(tmp_path_factory):
+    """Keep the embedded model, sample dataset and caches out of the checkout."""
+    home = tmp_path_factory.mktemp("studio_home")
+    old = os.environ.get("KOHYA_STUDIO_HOME")
+    os.environ["KOHYA_STUDIO_HOME"] = str(home)
+    yield home
+    if old is None:
+        os.environ.pop("KOHYA_STUDIO_HOME", None)
+    else:
+        os.environ["KOHYA_STUDIO_HOME"] = old
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(studio_home):
+    """The embedded tiny SD 1.x model as a diffusers folder (built once per session)."""
+    from trainer.config import EMBEDDED_MODEL
+    from trainer.models.loader import resolve_model_path
+
+    return resolve_model_path(EMBEDDED_MODEL)
