@@ -69,6 +69,7 @@ class _Job:
         self.model: Any = None
         self.accelerator: Any = None
         self.device_info: Any = None
+        self.optimizer: Any = None
         self.data: Any = None
         self.method: Any = None
         self.plan: Optional[StepPlan] = None
@@ -106,6 +107,7 @@ class _Job:
                           cfg.training.gradient_accumulation_steps,
                           cfg.training.max_train_steps, cfg.training.max_train_epochs)
         optimizer, scheduler, trained = self._optimizer(groups, plan, info.backend)
+        self.optimizer = optimizer
         self._started(precision)
         return self._loop(optimizer, scheduler, trained, dtype)
 
@@ -130,9 +132,9 @@ class _Job:
     def _place_and_inject(self, method, model, device, dtype) -> list[dict[str, Any]]:
         from diffusers.training_utils import cast_training_params
 
-        model.vae.to(device, torch.float32).eval()
-        model.unet.to(device, dtype)
-        model.text_encoder.to(device, dtype)
+        model.vae.to(device).eval()  # the VAE stays fp32: SD's VAE overflows in fp16
+        for module in (model.unet, model.text_encoder):
+            module.to(device) if dtype == torch.float32 else module.to(device, dtype)
         groups = method.prepare(model)
         trained = [m for m in (model.unet, model.text_encoder)
                    if any(p.requires_grad for p in m.parameters())]
@@ -256,12 +258,12 @@ class _Job:
     # -- outputs ------------------------------------------------------------------------------
     def _checkpoint(self, epoch: int, suffix: str) -> Path:
         """Save what was trained; the final file (suffix '') becomes the run's output."""
-        from trainer.export.facts import run_facts
+        from trainer.outputs import run_facts
 
         out_dir = Path(self.cfg.saving.output_dir)
         path = out_dir / f"{self.cfg.saving.output_name}{suffix}.safetensors"
         facts = run_facts(self.cfg, self.model, self.data, self.plan, epoch, self.step,
-                          self.started_at, self.accelerator.mixed_precision)
+                          self.started_at, self.accelerator.mixed_precision, self.optimizer)
         self.method.save(path, self.model, facts)
         config_io.save(self.cfg, path.with_suffix(".toml"))
         self.log(f"Saved {path}")

@@ -1,0 +1,166 @@
+"""The latent cache: every image encoded once, kept in memory or in safetensors files.
+
+A disk cache file is named by a key that covers everything its latents depend on: the image's
+bytes (SHA-256), the bucket, the resize and crop geometry, whether a flipped latent is stored,
+and the caller's ``vae_id``. A run that finds a valid file for a key encodes nothing for that
+image; any change (new pixels, another resolution, another VAE) gives a new key, so the image is
+encoded again. Files are written atomically (a temporary name, then a rename) and checked on
+reading (a broken file is encoded again). Old files are not deleted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from .buckets import Box, Size, bucket_name
+from .images import load_image, render, to_tensor
+
+CACHE_FORMAT = "1"
+Encode = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class LatentJob:
+    """One image to cache: its index in the dataset and its render geometry."""
+
+    index: int
+    path: Path
+    content_hash: str
+    bucket: Size
+    resized: Size
+    box: Box
+
+
+def latent_cache_key(job: LatentJob, flip: bool, vae_id: str) -> str:
+    parts = [
+        CACHE_FORMAT, job.content_hash, bucket_name(job.bucket), bucket_name(job.resized),
+        ",".join(map(str, job.box)), f"flip={int(flip)}", vae_id,
+    ]
+    return hashlib.sha256("\n".join(parts).encode("utf-8")).hexdigest()
+
+
+def _names(flip: bool) -> list[str]:
+    return ["latent", "latent_flipped"] if flip else ["latent"]
+
+
+def is_valid_cache_file(path: Path, key: str, flip: bool) -> bool:
+    """True when ``path`` is a readable cache file for ``key`` holding the needed latents."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return (f.metadata() or {}).get("key") == key and set(_names(flip)) <= set(f.keys())
+    except Exception:  # missing, truncated or not safetensors: encode again
+        return False
+
+
+def write_atomic(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    """Write a safetensors file under a temporary name, then rename it into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+    try:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+class LatentStore:
+    """Latents per image index: tensors in memory, or files read when a batch needs them."""
+
+    def __init__(self) -> None:
+        self._memory: dict[int, dict[str, torch.Tensor]] = {}
+        self._files: dict[int, Path] = {}
+
+    def put(self, index: int, latents: dict[str, torch.Tensor]) -> None:
+        self._memory[index] = latents
+
+    def put_file(self, index: int, path: Path) -> None:
+        self._files[index] = path
+
+    def __len__(self) -> int:
+        return len(self._memory) + len(self._files)
+
+    def get(self, index: int, flipped: bool = False) -> torch.Tensor:
+        latents = self._memory.get(index)
+        if latents is None:
+            latents = load_file(str(self._files[index]))
+        return latents["latent_flipped" if flipped else "latent"]
+
+
+def _pixels(job: LatentJob) -> torch.Tensor:
+    return to_tensor(render(load_image(job.path).rgb, job.resized, job.box))
+
+
+def _encode(encode: Encode, pixels: torch.Tensor, bucket: Size) -> torch.Tensor:
+    with torch.no_grad():
+        out = encode(pixels)
+    expected = (pixels.shape[0], bucket[1] // 8, bucket[0] // 8)
+    if out.ndim != 4 or (out.shape[0], out.shape[2], out.shape[3]) != expected:
+        raise ValueError(
+            f"the encoder returned a tensor of shape {tuple(out.shape)} for pixels of shape "
+            f"{tuple(pixels.shape)}; expected [B, C, H/8, W/8]"
+        )
+    return out.detach().cpu()
+
+
+def encode_jobs(
+    jobs: list[LatentJob], encode: Encode, flip: bool, batch_size: int
+) -> Iterator[tuple[LatentJob, dict[str, torch.Tensor]]]:
+    """Encode jobs in batches of one bucket each; yields each job with its latents."""
+    by_bucket: dict[Size, list[LatentJob]] = {}
+    for job in jobs:
+        by_bucket.setdefault(job.bucket, []).append(job)
+    for bucket in sorted(by_bucket):
+        group = by_bucket[bucket]
+        for start in range(0, len(group), batch_size):
+            chunk = group[start : start + batch_size]
+            pixels = torch.stack([_pixels(j) for j in chunk])
+            outputs = {"latent": _encode(encode, pixels, bucket)}
+            if flip:  # flipping the rendered crop equals rendering with flip=True
+                outputs["latent_flipped"] = _encode(encode, pixels.flip(-1), bucket)
+            for row, job in enumerate(chunk):
+                yield job, {name: t[row].clone() for name, t in outputs.items()}
+
+
+def build_latent_cache(
+    jobs: list[LatentJob],
+    encode: Encode,
+    vae_id: str,
+    flip: bool,
+    cache_dir: Optional[Path],
+    batch_size: int = 4,
+) -> tuple[LatentStore, int]:
+    """Cache every job's latents (on disk when ``cache_dir`` is given); returns the store and
+    the number of images that were encoded."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    store, todo, files = LatentStore(), [], {}
+    for job in jobs:
+        if cache_dir is None:
+            todo.append(job)
+            continue
+        key = latent_cache_key(job, flip, vae_id)
+        files[job.index] = (cache_dir / f"{key}.safetensors", key)
+        if is_valid_cache_file(files[job.index][0], key, flip):
+            store.put_file(job.index, files[job.index][0])
+        else:
+            todo.append(job)
+    for job, latents in encode_jobs(todo, encode, flip, batch_size):
+        if cache_dir is None:
+            store.put(job.index, latents)
+            continue
+        path, key = files[job.index]
+        meta = {"key": key, "format": CACHE_FORMAT, "bucket": bucket_name(job.bucket),
+                "vae_id": vae_id, "source": job.path.name}
+        write_atomic(path, latents, meta)
+        store.put_file(job.index, path)
+    return store, len(todo)

@@ -1,0 +1,172 @@
+"""Finding the images of a kohya-layout folder and checking them before training.
+
+A dataset folder holds ``N_concept`` subfolders: ``N`` is how often each image is repeated per
+epoch, the rest (after the first ``_``) is the caption of images that have no caption file.
+Folders without the prefix are skipped with a warning; hidden ones (``.cache``) silently. A
+caption file sits beside its image (``img.png`` -> ``img.txt``); its first non-empty line is the
+caption. Images are looked for directly in each concept folder (not in subfolders).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from .buckets import BucketSpec, size_problem
+from .images import inspect_image, is_image_file
+
+_CONCEPT = re.compile(r"^(\d+)_(.*)$", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class ConceptFolder:
+    path: Path
+    repeats: int
+    concept: str
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """An image found on disk, with its caption, not yet validated."""
+
+    path: Path
+    caption: str
+    folder: ConceptFolder
+    is_reg: bool
+
+
+@dataclass(frozen=True)
+class ImageEntry:
+    """A validated training image."""
+
+    path: Path
+    caption: str
+    folder: ConceptFolder
+    is_reg: bool
+    size: tuple[int, int]  # (width, height) after EXIF orientation
+    content_hash: str
+
+    @property
+    def repeats(self) -> int:
+        return self.folder.repeats
+
+
+def parse_concept_folder(name: str) -> Optional[tuple[int, str]]:
+    """``"10_my cat"`` -> ``(10, "my cat")``; None when the name has no ``N_`` prefix."""
+    match = _CONCEPT.match(name)
+    return (int(match.group(1)), match.group(2)) if match else None
+
+
+def find_concept_folders(
+    root: Path, field: str, warn: Callable[[str], None]
+) -> list[ConceptFolder]:
+    """The ``N_concept`` subfolders of ``root``, sorted by name; warns about the others."""
+    folders, skipped, stray = [], [], []
+    for child in sorted(root.iterdir()):
+        if child.name.startswith("."):
+            continue
+        if not child.is_dir():
+            stray += [child.name] if is_image_file(child) else []
+            continue
+        parsed = parse_concept_folder(child.name)
+        if parsed is None or parsed[0] < 1:
+            skipped.append(child.name)
+        else:
+            folders.append(ConceptFolder(child, parsed[0], parsed[1]))
+    if skipped:
+        warn(
+            f"{field}: skipped folder(s) without an N_concept name (N = repeats, at least 1): "
+            + ", ".join(skipped)
+        )
+    if stray:
+        warn(f"{field}: ignored image(s) outside an N_concept folder: " + ", ".join(stray))
+    return folders
+
+
+def read_caption(image: Path, extension: str, fallback: str) -> str:
+    """The caption of ``image``: the first non-empty line of its caption file, else ``fallback``.
+
+    Raises ``ValueError`` when the caption file is not UTF-8.
+    """
+    path = image.with_suffix(extension)
+    if not path.is_file():
+        return fallback
+    try:
+        text = path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"{path}: caption file is not UTF-8 (invalid byte at position {exc.start}); "
+            "re-save it as UTF-8"
+        ) from None
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0] if lines else fallback
+
+
+def scan_root(
+    root: Path,
+    field: str,
+    caption_extension: str,
+    is_reg: bool,
+    warn: Callable[[str], None],
+    problems: list[str],
+) -> list[Candidate]:
+    """Every image under the concept folders of ``root``; problems are appended, not raised."""
+    if not root.is_dir():
+        what = "does not exist" if not root.exists() else "is not a folder"
+        problems.append(
+            f"{field}: {root} {what}; set it to a folder of N_concept subfolders "
+            "(e.g. 10_mycat/ holding the images and their caption files)"
+            + (", or unset it" if is_reg else ", or to embedded:sample-dataset")
+        )
+        return []
+    found: list[Candidate] = []
+    for folder in find_concept_folders(root, field, warn):
+        for path in sorted(p for p in folder.path.iterdir() if is_image_file(p)):
+            try:
+                caption = read_caption(path, caption_extension, folder.concept)
+            except ValueError as exc:
+                problems.append(str(exc))
+                continue
+            found.append(Candidate(path, caption, folder, is_reg))
+    if not found:
+        problems.append(
+            f"{field}: no images found in {root}; it needs N_concept subfolders (e.g. 10_mycat/) "
+            "holding .png, .jpg, .jpeg, .webp or .bmp images"
+        )
+    return found
+
+
+def _check(candidate: Candidate, spec: BucketSpec) -> tuple[Optional[ImageEntry], Optional[str]]:
+    try:
+        info = inspect_image(candidate.path)
+    except (OSError, ValueError) as exc:
+        return None, f"{candidate.path}: {exc}"
+    reason = size_problem(info.size, spec)
+    if reason:
+        return None, f"{candidate.path}: {reason}"
+    entry = ImageEntry(
+        candidate.path, candidate.caption, candidate.folder, candidate.is_reg,
+        info.size, info.content_hash,
+    )
+    return entry, None
+
+
+def validate(
+    candidates: list[Candidate], spec: BucketSpec, problems: list[str]
+) -> list[ImageEntry]:
+    """Decode every image once (in threads); bad ones become problems, in the input order."""
+    workers = max(1, min(8, os.cpu_count() or 1))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        results = list(pool.map(lambda c: _check(c, spec), candidates))
+    entries = []
+    for entry, problem in results:
+        if problem:
+            problems.append(problem)
+        elif entry is not None:
+            entries.append(entry)
+    return entries
