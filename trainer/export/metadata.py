@@ -1,0 +1,318 @@
+"""Training metadata of a LoRA file: sd-scripts' ``ss_*`` keys and sai_model_spec ``modelspec.*``.
+
+The ``ss_*`` keys are written the way sd-scripts' ``train_network.py`` writes them, so that the
+tools that read them (sd-webui-additional-networks, AUTOMATIC1111's LoRA cards, ComfyUI nodes,
+Civitai, sd-scripts' own resize/merge scripts) find what they expect: every value is a string,
+made with Python's ``str()`` (``"True"``, ``"None"``, ``"0.0001"``, ``"(512, 512)"``), and the
+nested values (``ss_tag_frequency``, ``ss_bucket_info``, ``ss_dataset_dirs``,
+``ss_network_args``) are JSON. A setting that is off is written as ``"None"``, as sd-scripts does.
+
+The facts of a run that the config cannot tell (steps done, image counts, buckets, tags, the
+precision actually used, ...) come in a :class:`RunFacts` that the training loop fills in;
+:func:`count_tags` counts a folder's tags the way sd-scripts does.
+
+``modelspec.*`` follows Stability AI's ModelSpec 1.0.1 as sd-scripts' ``sai_model_spec.py`` fills
+it (architecture ``stable-diffusion-v1/lora``, implementation ``diffusers`` for SD 1.x/2.x LoRA,
+resolution ``512x512``, date in ISO 8601, prediction type ``epsilon`` or ``v``, title defaulting to
+the output name). The ``sshs_*`` hashes are added by :mod:`trainer.export.hashes` once the
+tensors exist.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import secrets
+import time
+from collections.abc import Iterable
+from typing import Any, Literal, Optional
+
+NETWORK_MODULE = "networks.lora"
+SPEC_VERSION = "1.0.1"
+IMPL_DIFFUSERS = "diffusers"
+IMPL_STABILITY_AI = "https://github.com/Stability-AI/generative-models"
+SDXL_BASE_VERSION = "sdxl_base_v1-0"  # sd-scripts' MODEL_VERSION_SDXL_BASE_V1_0
+
+# The optimizer class sd-scripts records (``module.Class``) for each optimizer name.
+OPTIMIZER_CLASSES = {
+    "AdamW": "torch.optim.adamw.AdamW",
+    "AdamW8bit": "bitsandbytes.optim.adamw.AdamW8bit",
+    "Lion": "lion_pytorch.lion_pytorch.Lion",
+    "Lion8bit": "bitsandbytes.optim.lion.Lion8bit",
+    "Adafactor": "transformers.optimization.Adafactor",
+    "Prodigy": "prodigyopt.prodigy.Prodigy",
+}
+
+ModelVersion = Literal["sd1", "sd2", "sdxl"]
+
+
+@dataclasses.dataclass
+class RunFacts:
+    """What the training loop knows about a run and the config does not.
+
+    Fill the run-wide fields once, then ``dataclasses.replace(facts, steps=..., epoch=...)`` at
+    each save. ``None`` fields fall back to the config where it can tell (model version,
+    prediction type, mixed precision, resolution).
+    """
+
+    steps: int = 0  # optimizer steps done when this file is saved
+    epoch: int = 0  # epochs done when this file is saved
+    max_train_steps: int = 0
+    num_epochs: int = 0
+    num_batches_per_epoch: int = 0
+    num_train_images: int = 0  # including repeats, as sd-scripts counts them
+    num_reg_images: int = 0
+    num_processes: int = 1
+    # {"10_cat": {"n_repeats": 10, "img_count": 12}}: the folder name, not the full path
+    dataset_dirs: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    reg_dataset_dirs: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    # {"10_cat": {"cat": 12, "red": 3}} (see count_tags)
+    tag_frequency: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    # {"buckets": {0: {"resolution": (512, 512), "count": 40}}, "mean_img_ar_error": 0.0}
+    bucket_info: Optional[dict[str, Any]] = None
+    training_started_at: float = dataclasses.field(default_factory=time.time)
+    training_finished_at: Optional[float] = None  # None: the time of the save
+    session_id: int = dataclasses.field(default_factory=lambda: secrets.randbelow(2**32))
+    base_model_version: Optional[ModelVersion] = None  # resolved architecture
+    prediction_type: Optional[Literal["epsilon", "v_prediction"]] = None  # resolved
+    mixed_precision: Optional[Literal["no", "fp16", "bf16"]] = None  # actually used
+    resolution: Optional[tuple[int, int]] = None  # (width, height); None: dataset.resolution
+    optimizer: Optional[str] = None  # the optimizer class actually used, ``module.Class``
+    sd_model_hash: Optional[str] = None  # hashes.file_hashes() of a single-file base model
+    new_sd_model_hash: Optional[str] = None
+    vae_hash: Optional[str] = None
+    new_vae_hash: Optional[str] = None
+    training_comment: Optional[str] = None
+
+
+def count_tags(captions: Iterable[str]) -> dict[str, int]:
+    """Tag counts of a folder's captions as sd-scripts counts them for ``ss_tag_frequency``:
+    comma-separated, stripped, lower-cased, empty tags skipped."""
+    counts: dict[str, int] = {}
+    for caption in captions:
+        for tag in caption.split(","):
+            tag = tag.strip().lower()
+            if tag:
+                counts[tag] = counts.get(tag, 0) + 1
+    return counts
+
+
+def base_model_version_str(version: ModelVersion, v_prediction: bool) -> str:
+    """sd-scripts' ``ss_base_model_version``: sd_v1, sd_v2, sd_v2_v (sd_v1_v), sdxl_base_v1-0."""
+    if version == "sdxl":
+        return SDXL_BASE_VERSION
+    return ("sd_v2" if version == "sd2" else "sd_v1") + ("_v" if v_prediction else "")
+
+
+def modelspec_architecture(version: ModelVersion, v_prediction: bool,
+                           adapter: Optional[str] = "lora") -> str:
+    """``stable-diffusion-v1``, ``-v2-512``, ``-v2-768-v``, ``-xl-v1-base``, + ``/lora`` etc."""
+    if version == "sdxl":
+        arch = "stable-diffusion-xl-v1-base"
+    elif version == "sd2":
+        arch = "stable-diffusion-v2-768-v" if v_prediction else "stable-diffusion-v2-512"
+    else:
+        arch = "stable-diffusion-v1"
+    return f"{arch}/{adapter}" if adapter else arch
+
+
+def resolved_version(cfg: Any, facts: RunFacts) -> ModelVersion:
+    if facts.base_model_version is not None:
+        return facts.base_model_version
+    version = cfg.model.model_version
+    return "sd1" if version == "auto" else version
+
+
+def is_v_prediction(cfg: Any, facts: RunFacts) -> bool:
+    return (facts.prediction_type or cfg.model.prediction_type) == "v_prediction"
+
+
+def resolution_of(cfg: Any, facts: RunFacts) -> tuple[int, int]:
+    reso = cfg.dataset.resolution
+    return facts.resolution or (reso, reso)
+
+
+def _studio_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("kohya-studio")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def modelspec_metadata(cfg: Any, facts: RunFacts, *, adapter: Optional[str] = "lora",
+                       timestamp: Optional[float] = None) -> dict[str, str]:
+    """The ``modelspec.*`` keys (sai_model_spec 1.0.1) of a LoRA, an embedding or a model."""
+    version, v_pred = resolved_version(cfg, facts), is_v_prediction(cfg, facts)
+    save = cfg.saving
+    width, height = resolution_of(cfg, facts)
+    stamp = time.time() if timestamp is None else timestamp
+    sgm = adapter == "textual-inversion" or adapter is None or version == "sdxl"
+    meta = {
+        "modelspec.sai_model_spec": SPEC_VERSION,
+        "modelspec.architecture": modelspec_architecture(version, v_pred, adapter),
+        "modelspec.implementation": IMPL_STABILITY_AI if sgm else IMPL_DIFFUSERS,
+        "modelspec.implementation_version": f"kohya-studio/{_studio_version()}",
+        "modelspec.title": save.metadata_title or save.output_name,
+        "modelspec.resolution": f"{width}x{height}",
+        "modelspec.date": datetime.datetime.fromtimestamp(int(stamp)).isoformat(),
+        "modelspec.prediction_type": "v" if v_pred else "epsilon",
+    }
+    for key in ("author", "description", "license"):
+        value = getattr(save, f"metadata_{key}")
+        if value is not None:
+            meta[f"modelspec.{key}"] = value
+    if cfg.model.clip_skip > 1:
+        meta["modelspec.encoder_layer"] = str(cfg.model.clip_skip)
+    return meta
+
+
+def _num(value: float) -> str:
+    """A number as a user would type it in sd-scripts' ``network_args`` (``4``, ``0.5``)."""
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+def network_args(cfg: Any) -> dict[str, str]:
+    """sd-scripts' ``network_args`` (``conv_dim``, ``conv_alpha``) as strings, as it parses them."""
+    net = cfg.network
+    if net.conv_dim is None:
+        return {}
+    alpha = net.conv_alpha if net.conv_alpha is not None else net.conv_dim
+    return {"conv_dim": _num(net.conv_dim), "conv_alpha": _num(alpha)}
+
+
+def optimizer_string(cfg: Any, facts: RunFacts) -> str:
+    """``module.Class(weight_decay=0.01,k=v)``, like sd-scripts' ``ss_optimizer``."""
+    opt = cfg.optimizer
+    name = facts.optimizer or OPTIMIZER_CLASSES.get(opt.optimizer_type, opt.optimizer_type)
+    kwargs = {"weight_decay": opt.weight_decay, **opt.optimizer_args}
+    return name + "(" + ",".join(f"{k}={v}" for k, v in kwargs.items()) + ")"
+
+
+def _ss_network(cfg: Any, facts: RunFacts) -> dict[str, Any]:
+    net, version = cfg.network, resolved_version(cfg, facts)
+    return {
+        "ss_network_module": NETWORK_MODULE,
+        "ss_network_dim": net.network_dim,
+        "ss_network_alpha": net.network_alpha,
+        "ss_network_dropout": net.network_dropout,
+        "ss_network_args": json.dumps(network_args(cfg)),
+        "ss_base_model_version": base_model_version_str(version, is_v_prediction(cfg, facts)),
+        "ss_v2": version == "sd2",
+        "ss_clip_skip": cfg.model.clip_skip,
+        "ss_max_token_length": None,  # 75 tokens, the CLIP window
+    }
+
+
+def _ss_training(cfg: Any, facts: RunFacts) -> dict[str, Any]:
+    opt, tr = cfg.optimizer, cfg.training
+    precision = facts.mixed_precision or (
+        "no" if tr.mixed_precision == "auto" else tr.mixed_precision)
+    return {
+        "ss_session_id": facts.session_id,
+        "ss_training_started_at": facts.training_started_at,
+        "ss_output_name": cfg.saving.output_name,
+        "ss_learning_rate": opt.learning_rate,
+        "ss_unet_lr": opt.unet_lr,
+        "ss_text_encoder_lr": opt.text_encoder_lr,
+        "ss_optimizer": optimizer_string(cfg, facts),
+        "ss_lr_scheduler": opt.lr_scheduler,
+        "ss_lr_warmup_steps": opt.lr_warmup_steps,
+        "ss_max_grad_norm": opt.max_grad_norm,
+        "ss_max_train_steps": facts.max_train_steps,
+        "ss_num_epochs": facts.num_epochs,
+        "ss_num_batches_per_epoch": facts.num_batches_per_epoch,
+        "ss_gradient_accumulation_steps": tr.gradient_accumulation_steps,
+        "ss_gradient_checkpointing": tr.gradient_checkpointing,
+        "ss_batch_size_per_device": tr.train_batch_size,
+        "ss_total_batch_size": (tr.train_batch_size * tr.gradient_accumulation_steps
+                                * facts.num_processes),
+        "ss_mixed_precision": precision,
+        "ss_full_fp16": False,
+        "ss_full_bf16": tr.full_bf16,
+        "ss_seed": tr.seed,
+        "ss_noise_offset": tr.noise_offset,
+        "ss_min_snr_gamma": tr.min_snr_gamma,
+        "ss_prior_loss_weight": tr.prior_loss_weight,
+        "ss_training_comment": facts.training_comment,
+    }
+
+
+def _ss_dataset(cfg: Any, facts: RunFacts) -> dict[str, Any]:
+    ds = cfg.dataset
+    return {
+        "ss_num_train_images": facts.num_train_images,
+        "ss_num_reg_images": facts.num_reg_images,
+        "ss_resolution": resolution_of(cfg, facts),
+        "ss_enable_bucket": ds.enable_bucket,
+        "ss_min_bucket_reso": ds.min_bucket_reso,
+        "ss_max_bucket_reso": ds.max_bucket_reso,
+        "ss_bucket_no_upscale": ds.bucket_no_upscale,
+        "ss_bucket_info": json.dumps(facts.bucket_info, default=_jsonable),
+        "ss_tag_frequency": json.dumps(facts.tag_frequency),
+        "ss_dataset_dirs": json.dumps(facts.dataset_dirs),
+        "ss_reg_dataset_dirs": json.dumps(facts.reg_dataset_dirs),
+        "ss_cache_latents": ds.cache_latents,
+        "ss_shuffle_caption": ds.shuffle_caption,
+        "ss_keep_tokens": ds.keep_tokens,
+        "ss_flip_aug": ds.flip_aug,
+        "ss_color_aug": False,
+        "ss_random_crop": ds.random_crop,
+        "ss_caption_dropout_rate": ds.caption_dropout_rate,
+        "ss_caption_dropout_every_n_epochs": None,
+        "ss_caption_tag_dropout_rate": ds.caption_tag_dropout_rate,
+        "ss_face_crop_aug_range": None,
+    }
+
+
+def _jsonable(value: Any) -> Any:
+    """numpy scalars and tensors (a mean aspect-ratio error, a bucket size) as plain numbers."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _ss_models(cfg: Any, facts: RunFacts) -> dict[str, Any]:
+    """ss_sd_model_name (the file or folder name of a local model) and hashes when known."""
+    out: dict[str, Any] = {}
+    for key, path, legacy, new in (
+        ("sd_model", cfg.model.pretrained_model_name_or_path, facts.sd_model_hash,
+         facts.new_sd_model_hash),
+        ("vae", cfg.model.vae, facts.vae_hash, facts.new_vae_hash),
+    ):
+        if path is None:
+            continue
+        name = os.path.basename(os.path.normpath(path)) if os.path.exists(path) else path
+        out[f"ss_{key}_name"] = name
+        if legacy is not None:
+            out[f"ss_{key}_hash"] = legacy
+        if new is not None:
+            out[f"ss_new_{key}_hash"] = new
+    return out
+
+
+def training_metadata(cfg: Any, facts: RunFacts) -> dict[str, str]:
+    """The ``ss_*`` keys of a LoRA trained with ``cfg``, at the moment ``facts`` describe."""
+    finished = facts.training_finished_at
+    meta: dict[str, Any] = {
+        **_ss_training(cfg, facts),
+        **_ss_network(cfg, facts),
+        **_ss_dataset(cfg, facts),
+        **_ss_models(cfg, facts),
+        "ss_training_finished_at": time.time() if finished is None else finished,
+        "ss_steps": facts.steps,
+        "ss_epoch": facts.epoch,
+    }
+    return {k: str(v) for k, v in meta.items()}
+
+
+def build_lora_metadata(cfg: Any, facts: RunFacts) -> dict[str, str]:
+    """``ss_*`` and ``modelspec.*`` metadata of a LoRA file (the ``sshs_*`` hashes come later,
+    from :func:`trainer.export.hashes.add_hashes`, because they need the tensors)."""
+    meta = training_metadata(cfg, facts)
+    finished = float(meta["ss_training_finished_at"])
+    meta.update(modelspec_metadata(cfg, facts, adapter="lora", timestamp=finished))
+    return meta
