@@ -1,0 +1,98 @@
+"""Training speed and memory of the tiny model on this machine.
+
+    python bench/train_speed.py [--steps 40]
+
+Prints steps/s (after a warm-up) and peak RSS for 64 px batch 1 and 128 px batch 4, with the
+latent cache on and off, and how many images a second run on the same data encodes (disk
+cache). Each case runs in a fresh process so that its peak RSS is its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WARMUP = 5
+
+
+def _case(resolution: int, batch: int, cache: bool, steps: int, out: str, to_disk: bool) -> dict:
+    """Runs inside the child process: one training run, timed per step."""
+    sys.path.insert(0, str(ROOT))
+    import trainer.loop as loop
+    from trainer.config_io import from_dict
+    from trainer.events import Step
+
+    encoded = []
+    real_encode = loop.encode_images
+
+    def counting(vae, pixels):
+        encoded.append(pixels.shape[0])
+        return real_encode(vae, pixels)
+
+    loop.encode_images = counting
+    times: list[float] = []
+
+    class Sink:
+        def emit(self, event):
+            if isinstance(event, Step):
+                times.append(time.perf_counter())
+
+    cfg = from_dict({
+        "dataset": {"resolution": resolution, "min_bucket_reso": 64, "max_bucket_reso": 256,
+                    "bucket_reso_steps": 64, "cache_latents": cache,
+                    "cache_latents_to_disk": to_disk, "cache_dir": out + "/cache"},
+        "training": {"max_train_steps": steps, "train_batch_size": batch, "log_with": "none"},
+        "saving": {"output_dir": out},
+    })
+    result = loop.run(cfg, Sink())
+    assert result.status == "finished", result.error
+    timed = times[WARMUP:]
+    rate = (len(timed) - 1) / (timed[-1] - timed[0]) if len(timed) > 1 else float("nan")
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"steps_per_s": rate, "peak_rss_mib": peak_kib / 1024, "encoded": sum(encoded)}
+
+
+def _child(args: list[str]) -> dict:
+    cmd = [sys.executable, __file__, "--child", json.dumps(args)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if proc.returncode != 0:
+        raise SystemExit(proc.stderr[-3000:])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--child")
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(_case(*json.loads(args.child))))
+        return
+    home = tempfile.mkdtemp(prefix="bench-home-")
+    os.environ["KOHYA_STUDIO_HOME"] = home
+    print(f"tiny SD 1.x LoRA, {args.steps} steps (first {WARMUP} not timed), torch threads: "
+          f"{os.cpu_count()} cores")
+    print(f"{'case':<28}{'steps/s':>10}{'peak RSS MiB':>15}")
+    for resolution, batch in ((64, 1), (128, 4)):
+        for cache in (True, False):
+            out = tempfile.mkdtemp(prefix="bench-out-")
+            r = _child([resolution, batch, cache, args.steps, out, False])
+            name = f"{resolution}px batch {batch} cache {'on' if cache else 'off'}"
+            print(f"{name:<28}{r['steps_per_s']:>10.2f}{r['peak_rss_mib']:>15.0f}")
+    out = tempfile.mkdtemp(prefix="bench-out-")
+    first = _child([64, 1, True, WARMUP + 2, out, True])
+    second = _child([64, 1, True, WARMUP + 2, out, True])
+    print(f"disk latent cache: first run encoded {first['encoded']} images, "
+          f"second run encoded {second['encoded']}")
+
+
+if __name__ == "__main__":
+    main()
