@@ -183,3 +183,31 @@ def test_each_optimizer_trains(tmp_path, optimizer):
                                                          "lr_scheduler": "cosine",
                                                          "lr_warmup_steps": 1}))
     assert result.status == "finished", result.error
+
+
+def test_training_options_together(tmp_path):
+    """v-prediction, min-SNR, noise offset, accumulation, checkpointing, flip, conv LoRA,
+    text-encoder output cache and a regularization folder in one run."""
+    data = one_image_dataset(tmp_path / "data")
+    reg = one_image_dataset(tmp_path / "reg", caption="a circle")
+    cfg = small_config(
+        tmp_path, data,
+        model={"prediction_type": "v_prediction", "clip_skip": 2},
+        dataset={"flip_aug": True, "cache_text_encoder_outputs": True,
+                 "reg_data_dir": str(reg)},
+        network={"conv_dim": 4, "conv_alpha": 2.0},
+        training={"min_snr_gamma": 5.0, "noise_offset": 0.05, "max_train_steps": 2,
+                  "gradient_accumulation_steps": 2, "gradient_checkpointing": True,
+                  "prior_loss_weight": 0.5},
+        optimizer={"max_grad_norm": 0.0, "lr_scheduler": "cosine_with_restarts"})
+    sink = ListSink()
+    result = run(cfg, sink)
+    assert result.status == "finished", result.error
+    started = sink.of(Started)[0]
+    # 1 image + 1 reg sample per epoch, batch 1, accumulation 2 -> 1 optimizer step per epoch
+    assert started.num_repeated_images == 2 and started.steps_per_epoch == 1
+    with safe_open(result.output_path, "pt") as f:
+        meta, keys = f.metadata(), list(f.keys())
+    assert any("resnets_0_conv1.lora_down" in k for k in keys)
+    assert meta["ss_min_snr_gamma"] == "5.0" and meta["ss_v2"] == "False"
+    assert meta["modelspec.prediction_type"] == "v"

@@ -154,4 +154,6 @@ def text_embeddings(text_encoder, input_ids, clip_skip: int = 1, attention_mask:
         return text_encoder(input_ids, attention_mask=attention_mask)[0]
     out = text_encoder(input_ids, attention_mask=attention_mask, output_hidden_states=True)
     hidden = out.hidden_states[-clip_skip]
-    return text_encoder.text_model.final_layer_norm(hidden)
+    # transformers 5 dropped the text_model level that 4.x had
+    inner = getattr(text_encoder, "text_model", text_encoder)
+    return inner.final_layer_norm(hidden)
