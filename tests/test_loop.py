@@ -40,7 +40,21 @@ def test_default_preset_trains_to_the_end(tmp_path):
     assert sink.events[-1] == result
 
 
-def test_overfitting_one_image_lowers_the_loss_of_the_saved_lora(tmp_path, tiny_model_dir):
+def test_overfitting_one_image_lowers_the_loss_of_the_saved_lora(tmp_path, tiny_model_dir,
+                                                                 monkeypatch):
+    from trainer.methods.lora import LoraMethod
+
+    gen = torch.Generator().manual_seed(0)
+    x, hidden = torch.randn(2, 4, 8, 8, generator=gen), torch.randn(2, 77, 32, generator=gen)
+    trained_out = {}
+    real_save = LoraMethod.save
+
+    def save_and_probe(self, path, model, facts):  # the trained model's output at the save
+        with torch.no_grad():
+            trained_out["unet"] = model.unet(x, torch.tensor([10, 500]), hidden).sample.clone()
+        return real_save(self, path, model, facts)
+
+    monkeypatch.setattr(LoraMethod, "save", save_and_probe)
     data = one_image_dataset(tmp_path / "data")
     cfg = small_config(tmp_path, data, training={"max_train_steps": 60},
                        optimizer={"learning_rate": 5e-3})
@@ -49,7 +63,13 @@ def test_overfitting_one_image_lowers_the_loss_of_the_saved_lora(tmp_path, tiny_
     pipe = _fresh_pipeline(tiny_model_dir)
     image = data / "1_circle" / "circle.png"
     base = eval_loss(pipe, image, "a red circle")
+    with torch.no_grad():
+        base_out = pipe.unet(x, torch.tensor([10, 500]), hidden).sample
     pipe.load_lora_weights(result.output_path)
+    with torch.no_grad():
+        loaded_out = pipe.unet(x, torch.tensor([10, 500]), hidden).sample
+    assert torch.allclose(loaded_out, trained_out["unet"], atol=1e-4)
+    assert not torch.allclose(loaded_out, base_out, atol=1e-3)
     trained = eval_loss(pipe, image, "a red circle")
     assert trained < 0.8 * base, (base, trained)
 
