@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Create the virtual environment (.venv in the checkout) and install the right PyTorch build.
 #
-#   ./setup.sh [--use-rocm | --use-ipex | --cuda | --cpu] [--dev] [--force]
+#   ./setup.sh [--use-rocm | --use-ipex | --cuda | --cpu] [--dev] [--force] [--dry-run]
 #
 # Without a platform flag it probes, in this order: ROCm (rocminfo on the PATH or
 # /opt/rocm/bin/rocminfo), an Intel GPU runtime (sycl-ls, xpu-smi or the Level Zero GPU driver),
 # NVIDIA (nvidia-smi lists a GPU), else the CPU. --dev adds the test and lint tools.
 # Safe to run twice: a venv whose install completed for the same platform and requirements is
 # left alone (--force reinstalls). A failed install leaves no venv that looks valid.
+# --dry-run only says which platform it would install for, and why.
 set -euo pipefail
 
 cd "$(dirname "$0")"
@@ -17,7 +18,7 @@ PYTHON=${PYTHON:-python3}
 MARKER=$VENV/.kohya-setup-ok
 TORCH_VERSION=2.13.0
 
-platform="" reason="" dev=0 force=0
+platform="" reason="" dev=0 force=0 dry=0
 for arg in "$@"; do
   case "$arg" in
     --use-rocm) platform=rocm reason="--use-rocm was given" ;;
@@ -26,7 +27,8 @@ for arg in "$@"; do
     --cpu) platform=cpu reason="--cpu was given" ;;
     --dev) dev=1 ;;
     --force) force=1 ;;
-    -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --dry-run) dry=1 ;;
+    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "setup.sh: unknown option $arg (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -52,6 +54,7 @@ if [ -z "$platform" ]; then
   fi
 fi
 echo "setup.sh: installing for $platform ($reason)"
+[ "$dry" = 1 ] && exit 0
 
 case "$platform" in
   rocm) torch_req=(-r requirements_linux_rocm.txt) ;;
