@@ -105,8 +105,12 @@ def precision_paths(work: Path, steps: int) -> list[dict]:
 
 def build_sd15_sized(path: Path) -> Path:
     import torch
-    from diffusers import (AutoencoderKL, DDPMScheduler, StableDiffusionPipeline,
-                           UNet2DConditionModel)
+    from diffusers import (
+        AutoencoderKL,
+        DDPMScheduler,
+        StableDiffusionPipeline,
+        UNet2DConditionModel,
+    )
     from transformers import CLIPTextConfig, CLIPTextModel
 
     from trainer.models.tiny import build_tokenizer

@@ -324,7 +324,7 @@ class TrainConfig(BaseModel):
     saving: SavingSection = Field(default_factory=SavingSection)
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> "TrainConfig":
+    def _cross_checks(self) -> TrainConfig:
         ds = self.dataset
         if ds.min_bucket_reso > ds.max_bucket_reso:
             raise ValueError(

@@ -1,0 +1,141 @@
+"""How a runner snapshot looks on the page: pure functions from the snapshot to values.
+
+Kept free of gradio so that the tests read them directly: the loss curve as a pandas DataFrame
+(raw and smoothed series), the progress line, the log tail newest-first (a textbox with
+autoscroll does not keep the newest line in view; the top of a box always is), the queue.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any
+
+import pandas as pd
+
+MAX_POINTS = 600  # per series; longer runs are thinned evenly, the last point always kept
+STATUS_WORDS = {
+    "idle": "Idle: no training job yet",
+    "queued": "Queued",
+    "running": "Running",
+    "finished": "Finished",
+    "stopped": "Stopped",
+    "failed": "Failed",
+}
+
+
+def thin(points: list[list[float]], limit: int = MAX_POINTS) -> list[list[float]]:
+    if len(points) <= limit:
+        return points
+    stride = len(points) / limit
+    picked = [points[int(i * stride)] for i in range(limit - 1)]
+    return picked + [points[-1]]
+
+
+SERIES = ("raw", "smoothed")
+
+
+def loss_frame(snap: dict[str, Any]) -> pd.DataFrame:
+    """Columns step, loss, series ("raw" / "smoothed").
+
+    It always holds one empty (NaN) row per series: gr.LinePlot's page computes the colour
+    domain from the data when it builds the chart, and rebuilds only when a setting such as
+    x_lim changes; built from an empty frame, later lines would have no colour at all."""
+    rows = [(0, math.nan, name) for name in SERIES]
+    rows += [(s, v, "raw") for s, v in thin(snap.get("loss", []))]
+    rows += [(s, v, "smoothed") for s, v in thin(snap.get("smoothed", []))]
+    frame = pd.DataFrame(rows, columns=["step", "loss", "series"])
+    return frame.astype({"step": "int64", "loss": "float64", "series": "str"})
+
+
+def x_limit(snap: dict[str, Any]) -> list[float]:
+    """The curve's x axis: fixed to [0, total steps] so it does not rescale as points come."""
+    total = snap.get("total") or 0
+    last = snap["loss"][-1][0] if snap.get("loss") else 0
+    return [0, max(total, last, 1)]
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def status_line(snap: dict[str, Any]) -> str:
+    status = snap["status"]
+    words = STATUS_WORDS.get(status, status)
+    if snap.get("job_id"):
+        words += f" - {snap['job_id']} ({snap.get('label')})"
+    if status == "running" and snap.get("stop_requested"):
+        words += " - stopping at the next step"
+    return words
+
+
+def progress_html(snap: dict[str, Any]) -> str:
+    """Status, a progress bar, step/total, epoch, it/s, ETA and the learning rate."""
+    step, total = snap.get("step", 0), snap.get("total", 0)
+    pct = 100.0 * step / total if total else 0.0
+    lr = snap.get("lr")
+    rate = snap.get("it_per_s")
+    cells = [
+        ("step", f"{step} / {total or '?'}"),
+        ("epoch", f"{snap.get('epoch', 0)} / {snap.get('epochs') or '?'}"),
+        ("it/s", f"{rate:.2f}" if rate is not None else "-"),
+        ("ETA", duration(snap.get("eta_s")) if snap["status"] == "running" else "-"),
+        ("elapsed", duration(snap.get("elapsed_s"))),
+        ("learning rate", f"{lr:.3g}" if lr is not None else "-"),
+    ]
+    status = snap["status"]
+    parts = [
+        f'<div class="ks-status ks-{html.escape(status)}" data-status="{html.escape(status)}">'
+        f"{html.escape(status_line(snap))}</div>",
+        f'<progress class="ks-bar" max="{max(total, 1)}" value="{step}"></progress>'
+        f'<span class="ks-pct">{pct:.0f}%</span>',
+        '<div class="ks-cells">' + "".join(
+            f'<span class="ks-cell" data-key="{html.escape(k)}"><b>{html.escape(k)}</b> '
+            f"{html.escape(v)}</span>" for k, v in cells) + "</div>",
+    ]
+    return "\n".join(parts)
+
+
+def log_html(snap: dict[str, Any], lines: int = 60) -> str:
+    """The log tail, newest line first, so the newest is always at the top of the box."""
+    tail = list(reversed(snap.get("log", [])[-lines:]))
+    if not tail:
+        return '<div class="ks-log"><div class="ks-line ks-empty">no log yet</div></div>'
+    body = "".join(f'<div class="ks-line">{html.escape(line)}</div>' for line in tail)
+    return f'<div class="ks-log" title="newest line first">{body}</div>'
+
+
+def result_text(snap: dict[str, Any]) -> str:
+    """The output file when finished or stopped, the config copy otherwise."""
+    return snap.get("output_path") or ""
+
+
+def error_markdown(snap: dict[str, Any]) -> str:
+    if snap["status"] != "failed":
+        return ""
+    return f"**Training failed:** {snap.get('error') or 'no reason given'}"
+
+
+def queue_rows(snap: dict[str, Any]) -> list[list[Any]]:
+    """Running, queued, then recent jobs: id, status, what."""
+    rows = []
+    if snap["status"] == "running" and snap.get("job_id"):
+        rows.append([snap["job_id"], "running", snap.get("label") or ""])
+    rows += [[q["job_id"], f"queued #{q['position']}", q["label"]] for q in snap["queue"]]
+    rows += [[h["job_id"], h["status"], h["label"]] for h in snap.get("history", [])[:5]
+             if h["job_id"] != snap.get("job_id") or snap["status"] != "running"]
+    return rows
+
+
+def sample_images(snap: dict[str, Any], limit: int = 8) -> list[tuple[str, str]]:
+    """(path, caption) of the newest sample images."""
+    out = []
+    for sample in reversed(snap.get("samples", [])):
+        for path, prompt in zip(sample["paths"], sample["prompts"] or [""] * len(sample["paths"])):
+            out.append((path, f"step {sample['step']}: {prompt}"))
+    return out[:limit]

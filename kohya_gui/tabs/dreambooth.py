@@ -1,0 +1,19 @@
+"""The DreamBooth tab: the whole model is trained; its form shows DreamBooth's settings.
+
+The trainer does not train DreamBooth yet, so Train reports that clearly (after checking the
+settings); presets, config files and Check dataset work as in the other tabs.
+"""
+
+from __future__ import annotations
+
+from kohya_gui.runner import Runner
+from kohya_gui.tabs.mode_tab import ModeTab, build_mode_tab
+
+MODE = "dreambooth"
+SECTIONS = ["", "model", "dataset", "network", "optimizer", "training", "sampling", "saving"]
+AVAILABLE = False
+TITLES = {"network": "What is trained"}
+
+
+def build(runner: Runner) -> ModeTab:
+    return build_mode_tab(MODE, SECTIONS, runner, available=AVAILABLE, titles=TITLES)

@@ -1,0 +1,14 @@
+"""The LoRA tab: the network section right after the model, as kohya users expect."""
+
+from __future__ import annotations
+
+from kohya_gui.runner import Runner
+from kohya_gui.tabs.mode_tab import ModeTab, build_mode_tab
+
+MODE = "lora"
+SECTIONS = ["", "model", "dataset", "network", "optimizer", "training", "sampling", "saving"]
+AVAILABLE = True
+
+
+def build(runner: Runner) -> ModeTab:
+    return build_mode_tab(MODE, SECTIONS, runner, available=AVAILABLE)

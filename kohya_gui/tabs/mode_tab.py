@@ -1,0 +1,200 @@
+"""What every mode tab shares: presets, config files, the generated form, Check dataset, Train.
+
+A mode tab module (lora.py, dreambooth.py, textual_inversion.py) only says which mode it is, the
+order of its sections and whether its mode can be trained yet. Handlers receive the form as
+``{component: value}`` (the form's components as an input set) and pass it through
+``Form.config`` - the one validation path - so a bad value is reported naming its field and no
+job is queued.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import gradio as gr
+
+from kohya_gui import presets
+from kohya_gui.dataset_check import check_dataset
+from kohya_gui.fields import Form, build_form
+from kohya_gui.runner import QueueFull, Runner, config_copy_path
+from trainer import config_io
+
+MODE_TITLES = {"lora": "LoRA", "dreambooth": "DreamBooth", "textual_inversion": "Textual Inversion"}
+
+
+@dataclass
+class ModeTab:
+    mode: str
+    form: Form
+    available: bool
+    parts: dict[str, Any] = field(default_factory=dict)
+
+
+def problems_markdown(exc: config_io.ConfigError, intro: str) -> str:
+    return f"**{intro}**\n" + "\n".join(f"- `{p}`" for p in exc.problems)
+
+
+def not_available_message(mode: str) -> str:
+    title = MODE_TITLES.get(mode, mode)
+    return (f"**{title} training is not available yet.** The settings are valid; save them "
+            f"as a preset or a config file. Training runs from the LoRA tab for now.")
+
+
+def _preset_row(tab: ModeTab) -> None:
+    choices = presets.list_presets(tab.mode)
+    with gr.Row(equal_height=True):
+        tab.parts["preset"] = gr.Dropdown(
+            choices=choices, value=None, label="Preset", scale=3, filterable=False,
+            info="Fills the form; built-in presets, then yours.", elem_id=f"{tab.mode}-preset")
+        tab.parts["refresh"] = gr.Button("Refresh list", scale=1, size="sm")
+        tab.parts["preset_name"] = gr.Textbox(label="Save the form as preset", scale=3,
+                                              placeholder="my-preset", max_lines=1)
+        tab.parts["save_preset"] = gr.Button("Save as preset", scale=1, size="sm")
+    with gr.Row(equal_height=True):
+        tab.parts["config_path"] = gr.Textbox(
+            label="Config file (.toml)", scale=6, max_lines=1,
+            placeholder="/path/to/config.toml", elem_id=f"{tab.mode}-config-path")
+        tab.parts["load_config"] = gr.Button("Load config", scale=1, size="sm")
+        tab.parts["save_config"] = gr.Button("Save config", scale=1, size="sm")
+    tab.parts["file_msg"] = gr.Markdown(elem_id=f"{tab.mode}-file-msg")
+
+
+def _dataset_extra(tab: ModeTab) -> Callable[[], None]:
+    def add() -> None:
+        tab.parts["check"] = gr.Button("Check dataset", size="sm", elem_id=f"{tab.mode}-check")
+        tab.parts["dataset_md"] = gr.Markdown(elem_id=f"{tab.mode}-dataset-info")
+    return add
+
+
+def build_mode_tab(mode: str, sections: list[str], runner: Runner, available: bool = True,
+                   titles: dict[str, str] | None = None) -> ModeTab:
+    """Lay out a mode tab in the current Blocks and wire its handlers."""
+    tab = ModeTab(mode, Form(mode), available)
+    if not available:
+        gr.Markdown(f"_{MODE_TITLES[mode]} training is not available yet: this tab edits, "
+                    f"checks and saves its settings; Train says so._")
+    _preset_row(tab)
+    tab.form.section_extras["dataset"] = _dataset_extra(tab)
+    build_form(tab.form, sections, titles=titles)
+    with gr.Row():
+        tab.parts["train"] = gr.Button("Train", variant="primary", elem_id=f"{mode}-train")
+    tab.parts["train_msg"] = gr.Markdown(elem_id=f"{mode}-train-msg")
+    wire(tab, runner)
+    return tab
+
+
+# --- handlers: plain functions of {path: value}, so the tests call them without a browser ----
+
+def load_preset(form: Form, choice: str | None) -> tuple[dict[str, Any] | None, str]:
+    """(form values, message) for a preset path or name."""
+    if not choice:
+        return None, ""
+    try:
+        path = presets.find_preset(form.mode, choice)
+        cfg = presets.read_config(path, form.mode)
+    except config_io.ConfigError as exc:
+        return None, problems_markdown(exc, "The preset cannot be loaded:")
+    return form.values(cfg), f"Loaded preset `{path.stem}` ({path})."
+
+
+def load_config_file(form: Form, path: str) -> tuple[dict[str, Any] | None, str]:
+    if not (path or "").strip():
+        return None, "**Enter the path of a config file to load.**"
+    try:
+        cfg = presets.read_config(path.strip(), form.mode)
+    except config_io.ConfigError as exc:
+        return None, problems_markdown(exc, "The config cannot be loaded:")
+    return form.values(cfg), f"Loaded `{path.strip()}`."
+
+
+def save_preset(form: Form, values: dict[str, Any], name: str) -> tuple[str, str | None]:
+    """(message, saved path or None)."""
+    try:
+        cfg = form.config(values)
+        path = presets.save_user_preset(cfg, name or "")
+    except config_io.ConfigError as exc:
+        return problems_markdown(exc, "Not saved:"), None
+    except OSError as exc:
+        return f"**Not saved:** {exc}", None
+    return f"Saved preset `{path.stem}` to {path}.", str(path)
+
+
+def save_config_file(form: Form, values: dict[str, Any], path: str) -> str:
+    if not (path or "").strip():
+        return "**Enter the path of the config file to write.**"
+    try:
+        written = presets.save_config(form.config(values), path.strip())
+    except config_io.ConfigError as exc:
+        return problems_markdown(exc, "Not saved:")
+    except OSError as exc:
+        return f"**Not saved:** {exc}"
+    return f"Saved the config to `{written}`."
+
+
+def dataset_info(form: Form, values: dict[str, Any]) -> str:
+    try:
+        cfg = form.config(values)
+    except config_io.ConfigError as exc:
+        return problems_markdown(exc, "Fix these settings first:")
+    return check_dataset(cfg)
+
+
+def train(form: Form, values: dict[str, Any], runner: Runner, available: bool) -> str:
+    """Validate the form and queue the job; a bad value queues nothing."""
+    try:
+        cfg = form.config(values)
+    except config_io.ConfigError as exc:
+        return problems_markdown(exc, "Not started - fix these settings:")
+    if not available:
+        return not_available_message(form.mode)
+    try:
+        answer = runner.submit(cfg)
+    except QueueFull as exc:
+        return f"**Not queued:** {exc}"
+    return (f"{answer['message']}; its config goes to `{config_copy_path(cfg)}`. Progress is "
+            f"shown under Training below.")
+
+
+def wire(tab: ModeTab, runner: Runner) -> None:
+    form, p, mode = tab.form, tab.parts, tab.mode
+    form_outputs = list(form.components.values())
+
+    def fill(values: dict[str, Any] | None, msg: str) -> dict[Any, Any]:
+        out: dict[Any, Any] = {p["file_msg"]: msg}
+        if values is not None:
+            out.update({form.components[k]: v for k, v in values.items()})
+        return out
+
+    raw = {"preprocess": False}  # our own validation names the field; gradio's would not
+    p["preset"].input(lambda choice: fill(*load_preset(form, choice)), p["preset"],
+                      form_outputs + [p["file_msg"]], api_name=f"{mode}_load_preset").then(
+        lambda data: dataset_info(form, form.by_path(data)), form.inputs, p["dataset_md"],
+        api_visibility="private", **raw)
+    p["refresh"].click(lambda: gr.Dropdown(choices=presets.list_presets(mode)), None,
+                       p["preset"], api_visibility="private")
+    p["load_config"].click(lambda path: fill(*load_config_file(form, path)), p["config_path"],
+                           form_outputs + [p["file_msg"]], api_name=f"{mode}_load_config").then(
+        lambda data: dataset_info(form, form.by_path(data)), form.inputs, p["dataset_md"],
+        api_visibility="private", **raw)
+
+    def on_save_preset(data: dict[Any, Any]) -> dict[Any, Any]:
+        msg, path = save_preset(form, form.by_path(data), data[p["preset_name"]])
+        out: dict[Any, Any] = {p["file_msg"]: msg}
+        if path:
+            out[p["preset"]] = gr.Dropdown(choices=presets.list_presets(mode), value=path)
+        return out
+
+    p["save_preset"].click(on_save_preset, form.inputs | {p["preset_name"]},
+                           [p["file_msg"], p["preset"]], api_name=f"{mode}_save_preset", **raw)
+    p["save_config"].click(
+        lambda data: save_config_file(form, form.by_path(data), data[p["config_path"]]),
+        form.inputs | {p["config_path"]}, p["file_msg"], api_name=f"{mode}_save_config", **raw)
+    p["check"].click(lambda data: dataset_info(form, form.by_path(data)), form.inputs,
+                     p["dataset_md"], api_name=f"{mode}_check_dataset", **raw)
+    form.components["dataset.train_data_dir"].submit(
+        lambda data: dataset_info(form, form.by_path(data)), form.inputs, p["dataset_md"],
+        api_visibility="private", **raw)
+    p["train"].click(lambda data: train(form, form.by_path(data), runner, tab.available),
+                     form.inputs, p["train_msg"], api_name=f"{mode}_train", **raw)

@@ -1,0 +1,248 @@
+"""The generated form, without a browser: every schema field has its component, values
+round-trip component -> config -> TOML -> component, presets fill the form, and bad values are
+reported by field name with no job started."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gradio as gr
+import pytest
+import tomllib
+from gui_helpers import fake_run, gui_home  # noqa: F401
+
+from kohya_gui import presets
+from kohya_gui.fields import FieldSpec, Form, field_specs, from_widget, get_path, to_widget
+from kohya_gui.runner import Runner
+from kohya_gui.tabs import dreambooth, lora, mode_tab, textual_inversion
+from trainer import config_io
+from trainer.config import MODES, iter_fields, ui_hints
+
+TABS = {m.MODE: m for m in (lora, dreambooth, textual_inversion)}
+
+
+@pytest.fixture(scope="module")
+def tabs(gui_home):  # noqa: F811
+    run = fake_run()
+    runner = Runner(run, write_config=False)
+    with gr.Blocks():
+        built = {mode: module.build(runner) for mode, module in TABS.items()}
+    yield built, runner, run
+    runner.close()
+
+
+def base_values(form: Form) -> dict[str, Any]:
+    values = form.defaults()
+    if form.mode == "textual_inversion":
+        values["network.token_string"] = "<tok>"
+    return values
+
+
+def other_value(spec: FieldSpec) -> Any:
+    """A valid config value different from the default."""
+    b, default = spec.bounds, spec.default
+    if spec.kind == "bool":
+        return not default
+    if spec.kind == "choice":
+        return next(c for c in spec.choices if c != default)
+    if spec.kind == "int":
+        step = b.get("multiple_of", 1)
+        if default is None:
+            return b.get("ge", b.get("gt", 0) + 1)
+        return default + step if default + step <= b.get("le", default + step) else default - step
+    if spec.kind == "float":
+        if default in (None, 0, 0.0):
+            return b.get("ge", b.get("gt", 0.0)) + 0.5
+        return default * 2
+    if spec.kind == "list":
+        return ["a photo of sks", "a drawing of sks"]
+    if spec.kind == "dict":
+        return {"d_coef": 2.0, "use_bias": True, "betas_name": "x"}
+    if spec.name == "caption_extension":
+        return ".caption"
+    return f"value-{spec.name}"
+
+
+COMPANIONS = {"network.conv_alpha": {"network.conv_dim": 4}}
+
+
+def test_every_field_has_its_component_in_its_modes(tabs):
+    built, _, _ = tabs
+    for mode, tab in built.items():
+        expected = {f"{s}.{n}" if s else n for s, n, info in iter_fields()
+                    if mode in ui_hints(info)["modes"]}
+        assert set(tab.form.components) == expected, mode
+        for path, comp in tab.form.components.items():
+            spec = tab.form.specs[path]
+            number = spec.kind in ("int", "float")
+            kind = {"bool": gr.Checkbox, "choice": gr.Dropdown}.get(spec.kind, gr.Textbox)
+            if number and not spec.optional:
+                kind = gr.Number  # an unset-able number is a textbox: gr.Number cannot be empty
+            assert isinstance(comp, kind), path
+            assert comp.label == spec.name and spec.help in comp.info, path
+            if number and spec.optional and spec.bounds:
+                assert ">" in comp.info or "<" in comp.info, path
+            if number and not spec.optional:
+                assert comp.minimum == spec.bounds.get("ge", spec.bounds.get("gt")), path
+                assert comp.maximum == spec.bounds.get("le", spec.bounds.get("lt")), path
+    assert "network.network_dim" not in built["textual_inversion"].form.components
+    assert "network.token_string" not in built["lora"].form.components
+    assert built["lora"].form.components["mode"].interactive is False
+
+
+def _accordion(comp) -> gr.Accordion:
+    parent = comp.parent
+    while not isinstance(parent, gr.Accordion):
+        parent = parent.parent
+    return parent
+
+
+def test_sections_are_open_and_advanced_fields_closed(tabs):
+    built, _, _ = tabs
+    for path, comp in built["lora"].form.components.items():
+        acc = _accordion(comp)
+        if built["lora"].form.specs[path].advanced:
+            assert acc.label == "Advanced" and acc.open is False, path
+            assert _accordion(acc).open is True
+        else:
+            assert acc.label != "Advanced" and acc.open is True, path
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_value_round_trips_through_toml(tabs, mode):
+    form = tabs[0][mode].form
+    for path, spec in form.specs.items():
+        if path == "mode":
+            continue
+        new = other_value(spec)
+        values = base_values(form)
+        for other, value in COMPANIONS.get(path, {}).items():
+            values[other] = to_widget(form.specs[other], value)
+        shown = to_widget(spec, new)
+        assert form.components[path].postprocess(shown) == shown, path
+        values[path] = shown
+        cfg = form.config(values)
+        assert get_path(cfg, path) == new, path
+        again = config_io.from_dict(config_io.load_toml_text(config_io.dumps(cfg)))
+        assert get_path(again, path) == new, path
+        assert form.values(again)[path] == shown, path
+
+
+def test_empty_optional_means_unset_and_zero_is_a_value():
+    specs = {s.path: s for s in field_specs()}
+    assert from_widget(specs["training.max_train_steps"], None) is None
+    assert from_widget(specs["training.max_train_steps"], " ") is None
+    assert from_widget(specs["training.max_train_steps"], "12") == 12
+    assert from_widget(specs["training.noise_offset"], "0") == 0.0
+    with pytest.raises(ValueError, match="training.noise_offset = 'abc': not a number"):
+        from_widget(specs["training.noise_offset"], "abc")
+    assert from_widget(specs["model.vae"], "  ") is None
+    assert from_widget(specs["model.prediction_type"], "") is None
+    assert from_widget(specs["optimizer.max_grad_norm"], 0) == 0
+    assert from_widget(specs["dataset.resolution"], 512.0) == 512
+    assert isinstance(from_widget(specs["dataset.resolution"], 512.0), int)
+    assert from_widget(specs["optimizer.optimizer_args"], "{d_coef = 2.0}") == {"d_coef": 2.0}
+    assert from_widget(specs["optimizer.optimizer_args"], '{"d_coef": 2}') == {"d_coef": 2}
+    assert from_widget(specs["sampling.sample_prompts"], "a\n\n b \n") == ["a", "b"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_presets_fill_the_form_and_save_back_the_same_toml(tabs, mode):
+    form = tabs[0][mode].form
+    listed = presets.list_presets(mode)
+    assert listed, f"no {mode} presets"
+    for label, path in listed:
+        values, msg = mode_tab.load_preset(form, path)
+        assert values is not None, msg
+        original = presets.read_config(path, mode)
+        cfg = form.config(values)
+        assert cfg == original
+        saved_msg, saved = mode_tab.save_preset(form, values, f"copy of {label}")
+        assert saved, saved_msg
+        with open(path, "rb") as fh:
+            raw = tomllib.load(fh)
+        raw.setdefault("mode", mode)
+        if mode == "lora":
+            raw.pop("mode")  # the default mode is not written
+        with open(saved, "rb") as fh:
+            assert tomllib.load(fh) == raw
+        again, _ = mode_tab.load_preset(form, f"copy of {label}{presets.USER_TAG}")
+        assert again == values
+
+
+def test_config_file_save_and_load(tabs, tmp_path):
+    form = tabs[0]["lora"].form
+    values = base_values(form)
+    values["network.network_dim"] = 32
+    target = tmp_path / "job.toml"
+    assert "Saved" in mode_tab.save_config_file(form, values, str(target))
+    loaded, msg = mode_tab.load_config_file(form, str(target))
+    assert loaded == values, msg
+    wrong, msg = mode_tab.load_config_file(tabs[0]["dreambooth"].form, str(target))
+    assert wrong is None and "lora" in msg
+    missing, msg = mode_tab.load_config_file(form, str(tmp_path / "nope.toml"))
+    assert missing is None and "not found" in msg
+
+
+@pytest.mark.parametrize(("path", "value", "named"), [
+    ("optimizer.learning_rate", 0, "optimizer.learning_rate"),
+    ("dataset.resolution", None, "dataset.resolution"),
+    ("dataset.resolution", 100, "dataset.resolution"),
+    ("optimizer.optimizer_args", "d_coef = = 2", "optimizer.optimizer_args"),
+    ("saving.output_name", "a/b", "saving.output_name"),
+    ("network.conv_alpha", 4.0, "network.conv_dim"),
+])
+def test_invalid_values_name_the_field_and_start_nothing(tabs, path, value, named):
+    built, runner, run = tabs
+    form = built["lora"].form
+    values = base_values(form)
+    values[path] = value
+    message = mode_tab.train(form, values, runner, available=True)
+    assert named in message and "Not started" in message
+    assert run.calls == [] and runner.snapshot()["status"] == "idle"
+
+
+def test_unavailable_modes_say_so(tabs):
+    built, runner, run = tabs
+    form = built["dreambooth"].form
+    message = mode_tab.train(form, base_values(form), runner, built["dreambooth"].available)
+    assert "not available yet" in message
+    bad = mode_tab.train(built["textual_inversion"].form,
+                         built["textual_inversion"].form.defaults(), runner, False)
+    assert "network.token_string" in bad
+    assert run.calls == []
+
+
+def test_tab_availability_matches_the_trainer():
+    from trainer.config import TrainConfig
+    from trainer.methods import MethodUnavailable, get_method
+
+    for mode, module in TABS.items():
+        try:
+            get_method(TrainConfig.model_construct(mode=mode))
+            works = True
+        except MethodUnavailable:
+            works = False
+        assert module.AVAILABLE is works, mode
+
+
+def test_check_dataset_shows_steps_and_buckets(tabs):
+    form = tabs[0]["lora"].form
+    values, _ = mode_tab.load_preset(form, "default")
+    text = mode_tab.dataset_info(form, values)
+    assert "x repeats" in text and "steps" in text, text
+    assert "| bucket" in text and "x" in text
+    values["dataset.train_data_dir"] = "/no/such/folder"
+    assert "cannot be used" in mode_tab.dataset_info(form, values)
+
+
+def test_utilities_report_and_config_check(tmp_path):
+    from kohya_gui.tabs import utilities
+
+    report = utilities.doctor_report()
+    assert "torch" in report.lower() and report.rstrip().endswith("]")
+    assert "valid **lora** config" in utilities.check_config_file(str(presets.find_preset(
+        "lora", "default")))
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[optimizer]\nlearning_rate = -1\n")
+    assert "optimizer.learning_rate" in utilities.check_config_file(str(bad))
