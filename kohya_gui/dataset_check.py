@@ -1,6 +1,6 @@
 """Before training: what the dataset holds and how many steps the settings make of it.
 
-``trainer.data.prepare_dataset`` reads the folders and ``trainer.step.plan_steps`` does the step
+``trainer.data.prepare_dataset`` reads the folders and ``trainer.plan.plan_steps`` does the step
 arithmetic (images x repeats / batch size / accumulation x epochs), both the very code the run
 uses; this module shows their answers, with the bucket table, as markdown.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainer.config import TrainConfig
+from trainer.plan import plan_steps
 
 
 def bucket_markdown(buckets: dict[str, int]) -> str:
@@ -24,8 +25,6 @@ def bucket_markdown(buckets: dict[str, int]) -> str:
 def summary_markdown(cfg: TrainConfig, data: Any, warnings: list[str]) -> str:
     """The arithmetic and the bucket table of prepared training data."""
     tr = cfg.training
-    from trainer.step import plan_steps  # imports torch and diffusers: only when used
-
     batches = data.steps_per_epoch(tr.train_batch_size)
     try:
         plan = plan_steps(batches, tr.gradient_accumulation_steps, tr.max_train_steps,

@@ -231,3 +231,17 @@ def test_training_options_together(tmp_path):
     assert any("resnets_0_conv1.lora_down" in k for k in keys)
     assert meta["ss_min_snr_gamma"] == "5.0" and meta["ss_v2"] == "False"
     assert meta["modelspec.prediction_type"] == "v"
+
+
+def test_stop_during_preparation_ends_without_training(tmp_path):
+    control = Control()
+
+    class StopOnFirstLog(ListSink):
+        def emit(self, event):
+            super().emit(event)
+            control.request_stop()  # pressed while the data and the model are being prepared
+
+    sink = StopOnFirstLog()
+    result = run(preset_config(tmp_path), sink, control)
+    assert result.status == "stopped" and result.step == 0 and result.output_path is None
+    assert not sink.of(Step) and not sink.of(Started)

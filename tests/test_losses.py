@@ -6,7 +6,7 @@ from diffusers import DDPMScheduler
 from diffusers.training_utils import compute_snr
 
 from trainer.losses import diffusion_loss, min_snr_weights, offset_noise, target_for
-from trainer.step import Meter, plan_steps
+from trainer.plan import Meter, plan_steps
 
 
 def _scheduler(prediction_type="epsilon"):

@@ -30,7 +30,8 @@ from trainer.events import (
     Step,
     safe_emit,
 )
-from trainer.step import Meter, StepPlan, batch_loss, encode_captions, encode_images, plan_steps
+from trainer.plan import Meter, StepPlan, plan_steps
+from trainer.step import batch_loss, encode_captions, encode_images
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,9 @@ def run(cfg: TrainConfig, sink: Optional[EventSink] = None,
     try:
         status = job.train()
         result = Finished(status, job.step, output_path=job.output_path)
+    except _StoppedBeforeTraining:
+        job.log("Stopped before the first step; nothing was trained or saved")
+        result = Finished("stopped", 0)
     except Exception as exc:  # noqa: BLE001 - every failure becomes a Finished event
         expected = _is_user_error(exc)
         if not expected:
@@ -53,6 +57,10 @@ def run(cfg: TrainConfig, sink: Optional[EventSink] = None,
         job.release()
     safe_emit(job.sink, result)
     return result
+
+
+class _StoppedBeforeTraining(Exception):
+    """Stop was pressed while the data or the model were being prepared."""
 
 
 def _is_user_error(exc: Exception) -> bool:
@@ -82,6 +90,10 @@ class _Job:
     def warn(self, message: str) -> None:
         self.log(message, "warning")
 
+    def _stop_if_requested(self) -> None:
+        if self.control.stop_requested:
+            raise _StoppedBeforeTraining
+
     # -- set-up -------------------------------------------------------------------------------
     def train(self) -> str:
         from trainer.data import prepare_dataset
@@ -96,12 +108,15 @@ class _Job:
         method = get_method(cfg)
         self.log(f"Device: {info.summary()}; mixed precision: {precision}")
         data = prepare_dataset(cfg, warn=self.warn)
+        self._stop_if_requested()
         self.model = model = load_base_model(cfg.model)
+        self._stop_if_requested()
         self.log(f"Base model: {model.source} ({model.version}, {model.prediction_type})")
         self.accelerator = acc = self._accelerator(precision)
         dtype = {"no": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
         groups = self._place_and_inject(method, model, acc.device, dtype)
         self._cache(data, model, method)
+        self._stop_if_requested()
         self.data, self.method = data, method
         self.plan = plan = plan_steps(data.steps_per_epoch(cfg.training.train_batch_size),
                           cfg.training.gradient_accumulation_steps,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainer.config import TrainConfig
-from trainer.step import StepPlan
+from trainer.plan import StepPlan
 
 
 def run_facts(cfg: TrainConfig, model: Any, data: Any, plan: StepPlan, epoch: int, step: int,

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from kohya_gui.runner import Runner
 from kohya_gui.tabs.mode_tab import ModeTab, build_mode_tab
+from trainer.methods import AVAILABLE_MODES
 
 MODE = "lora"
 SECTIONS = ["", "model", "dataset", "network", "optimizer", "training", "sampling", "saving"]
-AVAILABLE = True
+AVAILABLE = MODE in AVAILABLE_MODES
 
 
 def build(runner: Runner) -> ModeTab:

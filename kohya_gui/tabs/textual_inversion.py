@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from kohya_gui.runner import Runner
 from kohya_gui.tabs.mode_tab import ModeTab, build_mode_tab
+from trainer.methods import AVAILABLE_MODES
 
 MODE = "textual_inversion"
 SECTIONS = ["", "network", "model", "dataset", "optimizer", "training", "sampling", "saving"]
-AVAILABLE = False
+AVAILABLE = MODE in AVAILABLE_MODES
 TITLES = {"network": "Embedding"}
 
 

@@ -10,6 +10,9 @@ from typing import Any, Protocol
 
 from trainer.config import TrainConfig
 
+# The modes this version can train; the GUI reads it without importing peft or torch.
+AVAILABLE_MODES = ("lora",)
+
 
 class MethodUnavailable(ValueError):
     """A training mode that this version cannot run yet."""
