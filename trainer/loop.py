@@ -97,7 +97,12 @@ class _Job:
     # -- set-up -------------------------------------------------------------------------------
     def train(self) -> str:
         from trainer.data import prepare_dataset
-        from trainer.device import check_full_bf16, detect, resolve_precision
+        from trainer.device import (
+            check_full_bf16,
+            configure_cpu_threads,
+            detect,
+            resolve_precision,
+        )
         from trainer.methods import get_method
         from trainer.models.loader import load_base_model
 
@@ -107,6 +112,10 @@ class _Job:
         check_full_bf16(cfg.training.full_bf16, precision)
         method = get_method(cfg)
         self.log(f"Device: {info.summary()}; mixed precision: {precision}")
+        threads = configure_cpu_threads(info)
+        if threads:
+            self.log(f"CPU training with {threads} thread(s), leaving a core free "
+                     f"(set OMP_NUM_THREADS to choose)")
         data = prepare_dataset(cfg, warn=self.warn)
         self._stop_if_requested()
         self.model = model = load_base_model(cfg.model)
