@@ -321,14 +321,15 @@ def _grid(form: Form, specs: list[FieldSpec], values: Mapping[str, Any], per_row
 
 
 def build_form(form: Form, sections: list[str], per_row: int = 3,
-               titles: Mapping[str, str] | None = None) -> Form:
+               titles: Mapping[str, str] | None = None,
+               initial: TrainConfig | None = None) -> Form:
     """Lay the form out in the current Blocks: one open accordion per section (in ``sections``
     order, then any other; ``titles`` renames some), its advanced fields in a closed inner
-    "Advanced" accordion."""
+    "Advanced" accordion. The form shows ``initial``, else the schema's defaults."""
     import gradio as gr
 
     titles = {**SECTION_TITLES, **(titles or {})}
-    values = form.defaults()
+    values = form.values(initial) if initial is not None else form.defaults()
     present = list(dict.fromkeys(s.section for s in form.specs.values()))
     order = [s for s in sections if s in present] + [s for s in present if s not in sections]
     for section in order:

@@ -246,3 +246,12 @@ def test_utilities_report_and_config_check(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("[optimizer]\nlearning_rate = -1\n")
     assert "optimizer.learning_rate" in utilities.check_config_file(str(bad))
+
+
+def test_a_new_page_starts_from_the_default_preset(tabs):
+    """The README says: open the page, keep the default preset and click Train."""
+    tab = tabs[0]["lora"]
+    values = {p: c.value for p, c in tab.form.components.items()}
+    default = presets.find_preset("lora", "default")
+    assert tab.form.config(values) == config_io.load(default)
+    assert tab.parts["preset"].value == str(default)

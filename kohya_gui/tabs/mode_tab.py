@@ -20,6 +20,7 @@ from kohya_gui.dataset_check import check_dataset
 from kohya_gui.fields import Form, build_form
 from kohya_gui.runner import QueueFull, Runner, config_copy_path
 from trainer import config_io
+from trainer.config import TrainConfig
 
 MODE_TITLES = {"lora": "LoRA", "dreambooth": "DreamBooth", "textual_inversion": "Textual Inversion"}
 
@@ -42,11 +43,21 @@ def not_available_message(mode: str) -> str:
             f"as a preset or a config file. Training runs from the LoRA tab for now.")
 
 
-def _preset_row(tab: ModeTab) -> None:
+def _initial_preset(mode: str) -> tuple[str | None, TrainConfig | None, str]:
+    """The mode's built-in ``default`` preset, which a new page starts from (if it loads)."""
+    try:
+        path = presets.find_preset(mode, "default")
+        cfg = presets.read_config(path, mode)
+    except config_io.ConfigError:
+        return None, None, ""
+    return str(path), cfg, f"Loaded preset `{path.stem}` ({path})."
+
+
+def _preset_row(tab: ModeTab, initial_path: str | None, message: str) -> None:
     choices = presets.list_presets(tab.mode)
     with gr.Row(equal_height=True):
         tab.parts["preset"] = gr.Dropdown(
-            choices=choices, value=None, label="Preset", scale=3, filterable=False,
+            choices=choices, value=initial_path, label="Preset", scale=3, filterable=False,
             info="Fills the form; built-in presets, then yours.", elem_id=f"{tab.mode}-preset")
         tab.parts["refresh"] = gr.Button("Refresh list", scale=1, size="sm")
         tab.parts["preset_name"] = gr.Textbox(label="Save the form as preset", scale=3,
@@ -58,7 +69,7 @@ def _preset_row(tab: ModeTab) -> None:
             placeholder="/path/to/config.toml", elem_id=f"{tab.mode}-config-path")
         tab.parts["load_config"] = gr.Button("Load config", scale=1, size="sm")
         tab.parts["save_config"] = gr.Button("Save config", scale=1, size="sm")
-    tab.parts["file_msg"] = gr.Markdown(elem_id=f"{tab.mode}-file-msg")
+    tab.parts["file_msg"] = gr.Markdown(message, elem_id=f"{tab.mode}-file-msg")
 
 
 def _dataset_extra(tab: ModeTab) -> Callable[[], None]:
@@ -75,9 +86,10 @@ def build_mode_tab(mode: str, sections: list[str], runner: Runner, available: bo
     if not available:
         gr.Markdown(f"_{MODE_TITLES[mode]} training is not available yet: this tab edits, "
                     f"checks and saves its settings; Train says so._")
-    _preset_row(tab)
+    initial_path, initial, message = _initial_preset(mode)
+    _preset_row(tab, initial_path, message)
     tab.form.section_extras["dataset"] = _dataset_extra(tab)
-    build_form(tab.form, sections, titles=titles)
+    build_form(tab.form, sections, titles=titles, initial=initial)
     with gr.Row():
         tab.parts["train"] = gr.Button("Train", variant="primary", elem_id=f"{mode}-train")
     tab.parts["train_msg"] = gr.Markdown(elem_id=f"{mode}-train-msg")
