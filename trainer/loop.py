@@ -124,7 +124,7 @@ class _Job:
         self.accelerator = acc = self._accelerator(precision)
         dtype = {"no": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
         groups = self._place_and_inject(method, model, acc.device, dtype)
-        self._cache(data, model, method)
+        self._cache(data, model)
         self._stop_if_requested()
         self.data, self.method = data, method
         self.plan = plan = plan_steps(data.steps_per_epoch(cfg.training.train_batch_size),
@@ -172,25 +172,22 @@ class _Job:
                 model.text_encoder.gradient_checkpointing_enable()
         return groups
 
-    def _cache(self, data, model, method) -> None:
+    def _cache(self, data, model) -> None:
         ds = self.cfg.dataset
         if ds.cache_latents:
             start = time.time()
+            # hashing the VAE's weights is only worth it for a cache that outlives the run
+            vae_id = model.vae_id if ds.cache_latents_to_disk else "in-memory"
             with torch.no_grad():
-                encoded = data.cache_latents(lambda px: encode_images(model.vae, px),
-                                             model.vae_id, to_disk=ds.cache_latents_to_disk,
+                encoded = data.cache_latents(lambda px: encode_images(model.vae, px), vae_id,
+                                             to_disk=ds.cache_latents_to_disk,
                                              cache_dir=Path(ds.cache_dir) if ds.cache_dir
                                              else None)
             self.log(f"Latent cache ready: {encoded} image(s) encoded in "
                      f"{time.time() - start:.1f}s")
             if not self.cfg.sampling.sample_prompts:
                 model.vae.to("cpu")  # not needed on the device any more
-        if ds.cache_text_encoder_outputs:
-            from trainer.data import text_cache_allowed
-
-            ok, why = text_cache_allowed(self.cfg, method.trains_text_encoder)
-            if not ok:
-                raise config_io.ConfigError([f"dataset.cache_text_encoder_outputs: {why}"])
+        if ds.cache_text_encoder_outputs:  # prepare_dataset refused it where it is not valid
             with torch.no_grad():
                 data.cache_text(lambda caps: encode_captions(model, caps, self.cfg.model.clip_skip))
 
