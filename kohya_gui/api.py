@@ -11,10 +11,8 @@ from typing import Any
 
 from kohya_gui import presets
 from kohya_gui.runner import QueueFull, Runner
-from kohya_gui.tabs import dreambooth, lora, textual_inversion
 from trainer import config_io
-
-AVAILABLE = {m.MODE: m.AVAILABLE for m in (lora, dreambooth, textual_inversion)}
+from trainer.methods import AVAILABLE_MODES
 
 
 def api_functions(runner: Runner) -> dict[str, Callable[..., Any]]:
@@ -36,7 +34,7 @@ def api_functions(runner: Runner) -> dict[str, Callable[..., Any]]:
             cfg = config_io.from_dict(data, "request")
         except config_io.ConfigError as exc:
             return {"ok": False, "problems": exc.problems}
-        if not AVAILABLE.get(cfg.mode, False):
+        if cfg.mode not in AVAILABLE_MODES:
             return {"ok": False, "problems": [f"mode = {cfg.mode!r}: not available yet"]}
         try:
             return {"ok": True, **runner.submit(cfg)}

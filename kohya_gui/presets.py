@@ -76,12 +76,7 @@ def save_user_preset(cfg: TrainConfig, name: str) -> Path:
     if not _NAME_RE.match(name):
         raise config_io.ConfigError(
             [f"preset name {name!r}: use letters, digits, spaces, '.', '_' or '-' (up to 80)"])
-    path = user_dir(cfg.mode) / f"{name}.toml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(preset_text(cfg), encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return config_io.save(cfg, user_dir(cfg.mode) / f"{name}.toml", only_changed=True)
 
 
 def save_config(cfg: TrainConfig, path: str | Path) -> Path:

@@ -170,11 +170,11 @@ def dumps(cfg: TrainConfig, only_changed: bool = False) -> str:
 
 def save(cfg: TrainConfig, path: str | Path, only_changed: bool = False) -> Path:
     """Write the config as TOML atomically (a temporary name, then a rename)."""
+    from trainer.export.safe_write import atomic_path
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(dumps(cfg, only_changed), encoding="utf-8")
-    tmp.replace(path)
+    with atomic_path(path) as tmp:
+        tmp.write_text(dumps(cfg, only_changed), encoding="utf-8")
     return path
 
 

@@ -11,8 +11,6 @@ reading (a broken file is encoded again). Old files are not deleted.
 from __future__ import annotations
 
 import hashlib
-import os
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,8 +18,9 @@ from typing import Optional
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
+from ..export.safe_write import save_safetensors_atomic
 from .buckets import Box, Size, bucket_name
 from .images import load_image, render, to_tensor
 
@@ -60,17 +59,6 @@ def is_valid_cache_file(path: Path, key: str, flip: bool) -> bool:
             return (f.metadata() or {}).get("key") == key and set(_names(flip)) <= set(f.keys())
     except Exception:  # missing, truncated or not safetensors: encode again
         return False
-
-
-def write_atomic(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
-    """Write a safetensors file under a temporary name, then rename it into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
-    try:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 class LatentStore:
@@ -161,6 +149,6 @@ def build_latent_cache(
         path, key = files[job.index]
         meta = {"key": key, "format": CACHE_FORMAT, "bucket": bucket_name(job.bucket),
                 "vae_id": vae_id, "source": job.path.name}
-        write_atomic(path, latents, meta)
+        save_safetensors_atomic(path, {k: v.contiguous() for k, v in latents.items()}, meta)
         store.put_file(job.index, path)
     return store, len(todo)

@@ -9,13 +9,13 @@ bytes come out every time; files that already hold those bytes are left alone. T
 from __future__ import annotations
 
 import io
-import os
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
 
 from ..config import EMBEDDED_DATASET
+from ..export.safe_write import atomic_path
 
 SAMPLE_SEED = 1234
 CONCEPT_FOLDER = "10_shapes"
@@ -72,10 +72,8 @@ def ensure_sample_dataset(root: Path) -> Path:
         path = root / relative
         if path.is_file() and path.read_bytes() == data:
             continue
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            tmp.write_bytes(data)
     return root
 
 
