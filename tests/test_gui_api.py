@@ -60,8 +60,8 @@ def test_bad_config_is_refused_by_field(app):
     assert any("optimizer.learning_rate" in p for p in answer["problems"])
     answer = client.predict("[optimizer]\nlearning_rat = 1e-4\n", [], api_name="/train_toml")
     assert "did you mean 'optimizer.learning_rate'" in answer["problems"][0]
-    answer = client.predict('mode = "dreambooth"\n', [], api_name="/train_toml")
-    assert "not available yet" in answer["problems"][0]
+    answer = client.predict('mode = "textual_inversion"\n', [], api_name="/train_toml")
+    assert "network.token_string is required" in answer["problems"][0]
 
 
 def test_a_second_job_waits_and_can_be_cancelled(app, tmp_path):

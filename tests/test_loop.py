@@ -6,7 +6,6 @@ from safetensors import safe_open
 from train_helpers import eval_loss, one_image_dataset, preset_config, small_config
 
 from trainer import step as step_module
-from trainer.config_io import from_dict
 from trainer.events import Checkpoint, Control, Finished, ListSink, Sample, Started, Step
 from trainer.loop import run
 
@@ -49,10 +48,10 @@ def test_overfitting_one_image_lowers_the_loss_of_the_saved_lora(tmp_path, tiny_
     trained_out = {}
     real_save = LoraMethod.save
 
-    def save_and_probe(self, path, model, facts):  # the trained model's output at the save
+    def save_and_probe(self, path, model, facts, final):  # the trained model's output
         with torch.no_grad():
             trained_out["unet"] = model.unet(x, torch.tensor([10, 500]), hidden).sample.clone()
-        return real_save(self, path, model, facts)
+        return real_save(self, path, model, facts, final)
 
     monkeypatch.setattr(LoraMethod, "save", save_and_probe)
     data = one_image_dataset(tmp_path / "data")
@@ -146,10 +145,12 @@ def test_bad_settings_fail_with_a_message_naming_them(tmp_path, sections, field)
     assert not sink.of(Step)
 
 
-def test_other_modes_say_they_are_not_available_yet(tmp_path):
-    cfg = from_dict({"mode": "dreambooth", "saving": {"output_dir": str(tmp_path)}})
-    result = run(cfg)
-    assert result.status == "failed" and "not available yet" in result.error
+def test_an_unknown_mode_is_refused_by_the_method_registry():
+    from trainer.config import TrainConfig
+    from trainer.methods import MethodUnavailable, get_method
+
+    with pytest.raises(MethodUnavailable, match="not a training mode"):
+        get_method(TrainConfig.model_construct(mode="hypernetwork"))
 
 
 def test_second_run_encodes_nothing_and_a_new_resolution_reencodes(tmp_path, monkeypatch):
@@ -160,7 +161,7 @@ def test_second_run_encodes_nothing_and_a_new_resolution_reencodes(tmp_path, mon
         calls.append(pixels.shape[0])
         return real(vae, pixels)
 
-    monkeypatch.setattr("trainer.loop.encode_images", counting)
+    monkeypatch.setattr("trainer.session.encode_images", counting)
     data = one_image_dataset(tmp_path / "data", size=(128, 128))
     disk = {"cache_latents_to_disk": True, "resolution": 64}
     encoded = []

@@ -78,8 +78,19 @@ class DatasetSection(Section):
         widget="dir",
     )
     reg_data_dir: Optional[str] = setting(
-        None, "Folder of N_class regularization images (prior preservation).",
+        None, "Folder of N_class regularization images (prior preservation); they interleave "
+        "with the training images, so an epoch has twice the steps.",
         modes=("lora", "dreambooth"), widget="dir",
+    )
+    num_class_images: Optional[int] = setting(
+        None, "Make sure reg_data_dir holds this many class images: the missing ones are "
+        "generated with the base model before training and kept for the next run.",
+        modes=("lora", "dreambooth"), ge=1, le=100_000,
+    )
+    class_prompt: Optional[str] = setting(
+        None, "Prompt (and caption) of the generated class images, e.g. 'a photo of a dog'; "
+        "unset uses the name of the one N_class folder in reg_data_dir.",
+        modes=("lora", "dreambooth"),
     )
     caption_extension: str = setting(
         ".txt", "Extension of the caption files beside the images.", advanced=True,
@@ -155,16 +166,27 @@ class NetworkSection(Section):
     train_text_encoder: bool = setting(
         False, "Train the text encoder too.", modes=("lora", "dreambooth")
     )
+    stop_text_encoder_training: Optional[int] = setting(
+        None, "Freeze the text encoder after this many steps (it trains until then).",
+        modes=("lora", "dreambooth"), advanced=True, ge=1,
+    )
     token_string: Optional[str] = setting(
         None, "The new token that the embedding learns, e.g. <my-cat>.",
         modes=("textual_inversion",),
     )
     init_word: Optional[str] = setting(
-        None, "A word whose embedding starts the new token.", modes=("textual_inversion",)
+        None, "Word(s) whose embedding starts the token; with several tokens, vector i starts "
+        "from token i (repeated when there are fewer); unset starts from their mean.",
+        modes=("textual_inversion",),
     )
     num_vectors_per_token: int = setting(
         1, "Number of embedding vectors for the token.", modes=("textual_inversion",),
         ge=1, le=75,
+    )
+    caption_templates: Optional[Literal["object", "style"]] = setting(
+        None, "Train on built-in captions ('a photo of a <token>', ... or 'a painting in the "
+        "style of <token>', ...) instead of the dataset's; unset: every caption must hold "
+        "the token.", modes=("textual_inversion",),
     )
 
 
@@ -285,6 +307,10 @@ class SavingSection(Section):
     save_every_n_steps: Optional[int] = setting(
         None, "Also save <name>-step<step>.safetensors every N steps.", advanced=True, ge=1
     )
+    intermediate_diffusers: bool = setting(
+        False, "Intermediate saves also write a diffusers folder (the final save always does).",
+        modes=("dreambooth",), advanced=True,
+    )
     metadata_title: Optional[str] = setting(None, "Title in the file's metadata.", advanced=True)
     metadata_author: Optional[str] = setting(
         None, "Author in the file's metadata.", advanced=True
@@ -333,9 +359,33 @@ class TrainConfig(BaseModel):
             )
         if self.network.conv_alpha is not None and self.network.conv_dim is None:
             raise ValueError("network.conv_alpha is set but network.conv_dim is not: set both")
-        if self.mode == "textual_inversion" and not self.network.token_string:
-            raise ValueError("network.token_string is required in textual_inversion mode")
+        _mode_checks(self)
         return self
+
+
+def _mode_checks(cfg: TrainConfig) -> None:
+    """Combinations of settings that cannot work, refused with the reason."""
+    net, ds = cfg.network, cfg.dataset
+    if cfg.mode == "textual_inversion":
+        if not net.token_string or not net.token_string.strip():
+            raise ValueError("network.token_string is required in textual_inversion mode")
+        if net.token_string != net.token_string.strip() or " " in net.token_string:
+            raise ValueError(f"network.token_string = {net.token_string!r}: one word without "
+                             f"spaces, e.g. '<my-cat>'")
+        if ds.reg_data_dir is not None:
+            raise ValueError("dataset.reg_data_dir: regularization images are not used in "
+                             "textual_inversion mode (only the token learns); unset it")
+    elif cfg.mode == "dreambooth":
+        if not (net.train_unet or net.train_text_encoder):
+            raise ValueError("network.train_unet and network.train_text_encoder are both off: "
+                             "nothing would train; turn one on")
+        if cfg.saving.output_name in ("sample", "logs"):
+            raise ValueError(f"saving.output_name = {cfg.saving.output_name!r}: DreamBooth "
+                             f"writes a folder of that name, which is taken by the run's "
+                             f"{cfg.saving.output_name} folder; choose another name")
+    if ds.num_class_images is not None and ds.reg_data_dir is None:
+        raise ValueError("dataset.num_class_images is set but dataset.reg_data_dir is not: set "
+                         "the folder that keeps the class images")
 
 
 def iter_fields() -> list[tuple[str, str, Any]]:

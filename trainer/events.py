@@ -43,6 +43,15 @@ class Started:
 
 
 @dataclass(frozen=True)
+class Progress:
+    """Work before training that takes a while (e.g. generating class images): done of total."""
+
+    stage: str
+    done: int
+    total: int
+
+
+@dataclass(frozen=True)
 class Step:
     step: int
     total_steps: int
@@ -78,7 +87,7 @@ class Finished:
     error: Optional[str] = None
 
 
-Event = Union[Log, Started, Step, Sample, Checkpoint, Finished]
+Event = Union[Log, Progress, Started, Step, Sample, Checkpoint, Finished]
 
 
 class EventSink(Protocol):

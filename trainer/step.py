@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
@@ -18,8 +19,28 @@ def encode_images(vae, pixels: torch.Tensor) -> torch.Tensor:
     return latents * vae.config.scaling_factor
 
 
+def expand_multi_vector_tokens(prompt: str, tokenizer: Any) -> str:
+    """``<tok>`` -> ``<tok> <tok>_1 <tok>_2`` for an embedding of several vectors.
+
+    An added token ``T`` whose companions ``T_1``, ``T_2``, ... are also in the vocabulary is
+    written out in full, as diffusers' ``load_textual_inversion`` names the vectors and its
+    pipelines expand prompts, so training and sampling read a prompt the same way.
+    """
+    added = tokenizer.get_added_vocab()
+    for token in added:
+        if f"{token}_1" not in added or token not in prompt:
+            continue
+        n = 1
+        while f"{token}_{n}" in added:
+            n += 1
+        full = " ".join([token] + [f"{token}_{i}" for i in range(1, n)])
+        prompt = re.sub(re.escape(token) + r"(?!_\d)", lambda _, f=full: f, prompt)
+    return prompt
+
+
 def encode_captions(model: Any, captions: list[str], clip_skip: int) -> torch.Tensor:
     tok = model.tokenizer
+    captions = [expand_multi_vector_tokens(c, tok) for c in captions]
     ids = tok(captions, padding="max_length", max_length=tok.model_max_length, truncation=True,
               return_tensors="pt").input_ids.to(model.text_encoder.device)
     return text_embeddings(model.text_encoder, ids, clip_skip)

@@ -1,8 +1,6 @@
-"""The DreamBooth tab: the whole model is trained; its form shows DreamBooth's settings.
-
-The trainer does not train DreamBooth yet, so Train reports that clearly (after checking the
-settings); presets, config files and Check dataset work as in the other tabs.
-"""
+"""The DreamBooth tab: the whole model is trained; its form shows DreamBooth's settings
+(prior preservation with generated class images, the text encoder and when it stops training,
+diffusers folders for intermediate saves)."""
 
 from __future__ import annotations
 

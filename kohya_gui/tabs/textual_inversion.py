@@ -1,8 +1,4 @@
-"""The Textual Inversion tab: the token and its initial word come first.
-
-The trainer does not train embeddings yet, so Train reports that clearly (after checking the
-settings); presets, config files and Check dataset work as in the other tabs.
-"""
+"""The Textual Inversion tab: the token, its initial word and the caption templates come first."""
 
 from __future__ import annotations
 

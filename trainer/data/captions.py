@@ -51,6 +51,11 @@ def _join(parts: list[Optional[str]]) -> str:
     return ", ".join(p.strip() for p in parts if p and p.strip())
 
 
+def full_caption(caption: str, opts: CaptionOptions) -> str:
+    """The caption with the prefix and suffix, before any per-step change."""
+    return _join([opts.prefix, caption, opts.suffix])
+
+
 def apply_caption(caption: str, opts: CaptionOptions, rng: random.Random) -> str:
     """The caption as trained at this step."""
     if opts.dropout_rate > 0 and rng.random() < opts.dropout_rate:

@@ -22,12 +22,13 @@ from ..paths import data_home as studio_data_home
 from .buckets import BucketSpec, Size, assign_bucket, bucket_name, bucket_table_for, cover_size
 from .buckets import crop_box as make_crop_box
 from .cache import Encode, LatentJob, LatentStore, build_latent_cache
-from .captions import CaptionOptions, apply_caption, split_tags
+from .captions import CaptionOptions, apply_caption, full_caption, split_tags
 from .discover import ImageEntry, scan_root, validate
 from .errors import DatasetError
 from .images import load_image, render, to_tensor
 from .sample import resolve_dataset_dir
 from .sampler import count_batches, group_by_bucket, plan_epoch, sample_counts
+from .templates import captions_without_token, template_caption, templates_for, token_problem
 from .text_cache import EncodeText, TextCache, text_cache_blocker
 
 CACHE_FOLDER = ".cache"
@@ -64,6 +65,8 @@ class TrainingData:
         self.flip_aug = ds.flip_aug
         self.prior_loss_weight = cfg.training.prior_loss_weight
         self.text_cache_blocker = text_cache_blocker(cfg)
+        self.templates = templates_for(cfg)  # textual inversion's built-in captions
+        self.token = cfg.network.token_string
         table = bucket_table_for(self.spec) if self.spec.enabled else None
         self.buckets: list[Size] = [assign_bucket(e.size, self.spec, table) for e in entries]
         self.counts = sample_counts([e.repeats for e in entries], [e.is_reg for e in entries])
@@ -174,7 +177,9 @@ class TrainingData:
 
     def _batch(self, indices: list[int], rng: random.Random) -> Batch:
         entries = [self.entries[i] for i in indices]
-        captions = [apply_caption(e.caption, self.caption_options, rng) for e in entries]
+        bases = [template_caption(self.templates, self.token, rng) if self.templates
+                 else e.caption for e in entries]
+        captions = [apply_caption(c, self.caption_options, rng) for c in bases]
         flips = [self.flip_aug and rng.random() < 0.5 for _ in indices]
         weights = [self.prior_loss_weight if e.is_reg else 1.0 for e in entries]
         batch = Batch(captions, torch.tensor(weights, dtype=torch.float32),
@@ -209,9 +214,16 @@ def prepare_dataset(
     train_dir = resolve_dataset_dir(ds.train_data_dir, data_home or studio_data_home())
     found = scan_root(train_dir, "dataset.train_data_dir", ds.caption_extension, False, warn,
                       problems)
-    if ds.reg_data_dir is not None:
+    if ds.reg_data_dir is not None:  # with num_class_images it may be empty: images come
         found += scan_root(Path(ds.reg_data_dir).expanduser(), "dataset.reg_data_dir",
-                           ds.caption_extension, True, warn, problems)
+                           ds.caption_extension, True, warn, problems,
+                           required=ds.num_class_images is None)
+    if cfg.mode == "textual_inversion" and templates_for(cfg) is None:
+        opts = CaptionOptions.from_config(ds)
+        missing = captions_without_token(
+            [(c.path, full_caption(c.caption, opts)) for c in found], cfg.network.token_string)
+        if missing:
+            problems.append(token_problem(missing, len(found), cfg.network.token_string))
     entries = validate(found, BucketSpec.from_config(ds), problems)
     if problems:
         raise DatasetError(problems)

@@ -114,8 +114,12 @@ def scan_root(
     is_reg: bool,
     warn: Callable[[str], None],
     problems: list[str],
+    required: bool = True,
 ) -> list[Candidate]:
-    """Every image under the concept folders of ``root``; problems are appended, not raised."""
+    """Every image under the concept folders of ``root``; problems are appended, not raised.
+    With ``required`` off, a missing or empty ``root`` is no problem (it will be filled)."""
+    if not required and not root.is_dir():
+        return []
     if not root.is_dir():
         what = "does not exist" if not root.exists() else "is not a folder"
         problems.append(
@@ -133,7 +137,7 @@ def scan_root(
                 problems.append(str(exc))
                 continue
             found.append(Candidate(path, caption, folder, is_reg))
-    if not found:
+    if not found and required:
         problems.append(
             f"{field}: no images found in {root}; it needs N_concept subfolders (e.g. 10_mycat/) "
             "holding .png, .jpg, .jpeg, .webp or .bmp images"

@@ -39,8 +39,9 @@ def save_embedding(
     cfg: Any = None,
     facts: Any = None,
     dtype: torch.dtype = torch.float32,
+    extra: Optional[dict[str, str]] = None,
 ) -> Path:
-    """Write a textual-inversion embedding (safetensors), atomically."""
+    """Write a textual-inversion embedding (safetensors), atomically; ``extra`` adds metadata."""
     tensors = embedding_tensors(vectors, vectors_g, dtype=dtype)
     metadata: dict[str, str] = {}
     if cfg is not None:
@@ -50,4 +51,5 @@ def save_embedding(
         metadata = modelspec_metadata(cfg, facts, adapter="textual-inversion")
         if cfg.network.token_string:
             metadata["modelspec.trigger_phrase"] = cfg.network.token_string
+    metadata.update(extra or {})
     return save_safetensors_atomic(path, tensors, metadata)

@@ -82,3 +82,29 @@ def file_hashes(path: str | Path) -> tuple[str, str]:
         for block in iter(lambda: f.read(_BLOCK), b""):
             full.update(block)
     return legacy, full.hexdigest()
+
+
+def legacy_file_hash(path: str | Path) -> str:
+    """AUTOMATIC1111's old 8-digit model hash: SHA-256 of the 64 KiB at 1 MiB (cheap)."""
+    with open(path, "rb") as f:
+        f.seek(LEGACY_OFFSET)
+        return hashlib.sha256(f.read(LEGACY_LENGTH)).hexdigest()[:8]
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".ckpt", ".pt")
+
+
+def model_short_hash(path: str | Path) -> str:
+    """A cheap identity of a base model, recorded with what was trained on it.
+
+    A single file: its legacy hash (what AUTOMATIC1111 shows as ``[abcd1234]``). A diffusers
+    folder: the first 8 hex digits of the SHA-256 over the relative names and legacy hashes of
+    its weight files, so that two folders with the same weights give the same hash.
+    """
+    path = Path(path)
+    if path.is_file():
+        return legacy_file_hash(path)
+    h = hashlib.sha256()
+    for file in sorted(p for p in path.rglob("*") if p.suffix in WEIGHT_SUFFIXES):
+        h.update(f"{file.relative_to(path).as_posix()}:{legacy_file_hash(file)}\n".encode())
+    return h.hexdigest()[:8]

@@ -85,6 +85,7 @@ class RunFacts:
     vae_hash: Optional[str] = None
     new_vae_hash: Optional[str] = None
     training_comment: Optional[str] = None
+    base_model_hash: Optional[str] = None  # hashes.model_short_hash() of the base (file or folder)
 
 
 def count_tags(captions: Iterable[str]) -> dict[str, int]:

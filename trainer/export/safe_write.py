@@ -83,3 +83,32 @@ def save_safetensors_atomic(
     with atomic_path(path) as tmp:
         save_file(dict(tensors), str(tmp), metadata=meta or None)
     return path
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary folder beside ``path``; on a clean exit it replaces ``path``.
+
+    A folder cannot be swapped in one step: the old one is first renamed aside, the new one
+    takes its name, then the old one is deleted. A crash leaves either the old folder or the
+    new one under the final name (and at worst a hidden ``.<name>.old-*`` folder beside it).
+    """
+    import shutil
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        yield tmp
+        old = None
+        if path.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
+            old.rmdir()
+            os.replace(path, old)
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    _fsync_dir(path.parent)

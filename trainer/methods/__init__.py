@@ -1,21 +1,31 @@
 """What is trained in each mode. Methods share the one loop in trainer/loop.py.
 
-A method injects or unfreezes what it trains (:meth:`prepare` returns the optimizer's parameter
-groups), says whether the text encoder trains, and saves its result.
+A method decides what trains and how it is saved, and nothing else:
+
+- :meth:`prepare` freezes the base model, injects or unfreezes what trains, and returns the
+  optimizer's parameter groups;
+- ``trains_text_encoder`` says whether the text encoder's forward pass needs gradients (the
+  loop's step reads it through ``model.text_encoder.training``);
+- :meth:`after_step` runs after every optimizer step (textual inversion puts back the rows of
+  the embedding matrix that must not change; LoRA and DreamBooth freeze the text encoder after
+  ``network.stop_text_encoder_training`` steps) and may return a line for the log;
+- :meth:`save` writes the result at ``path`` (``<output_name><suffix>.safetensors``), whose
+  resolved config the loop writes beside it.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any, Optional, Protocol
 
 from trainer.config import TrainConfig
 
 # The modes this version can train; the GUI reads it without importing peft or torch.
-AVAILABLE_MODES = ("lora",)
+AVAILABLE_MODES = ("lora", "dreambooth", "textual_inversion")
 
 
 class MethodUnavailable(ValueError):
-    """A training mode that this version cannot run yet."""
+    """A training mode that this version cannot run."""
 
 
 class TrainingMethod(Protocol):
@@ -23,7 +33,9 @@ class TrainingMethod(Protocol):
 
     def prepare(self, model: Any) -> list[dict[str, Any]]: ...
 
-    def save(self, path, model: Any, facts: Any) -> Any: ...
+    def after_step(self, model: Any, step: int) -> Optional[str]: ...
+
+    def save(self, path: Path, model: Any, facts: Any, final: bool) -> Path: ...
 
 
 def get_method(cfg: TrainConfig) -> TrainingMethod:
@@ -31,7 +43,13 @@ def get_method(cfg: TrainConfig) -> TrainingMethod:
         from trainer.methods.lora import LoraMethod
 
         return LoraMethod(cfg)
-    raise MethodUnavailable(
-        f"mode = {cfg.mode!r}: {cfg.mode.replace('_', ' ')} training is not available yet in "
-        f"this version; use mode = 'lora'"
-    )
+    if cfg.mode == "dreambooth":
+        from trainer.methods.dreambooth import DreamBoothMethod
+
+        return DreamBoothMethod(cfg)
+    if cfg.mode == "textual_inversion":
+        from trainer.methods.textual_inversion import TextualInversionMethod
+
+        return TextualInversionMethod(cfg)
+    raise MethodUnavailable(f"mode = {cfg.mode!r}: not a training mode of this version; use one "
+                            f"of {', '.join(AVAILABLE_MODES)}")

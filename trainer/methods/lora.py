@@ -8,6 +8,7 @@ import torch
 from peft import LoraConfig, inject_adapter_in_model
 
 from trainer.config import TrainConfig
+from trainer.methods.base import MethodBase
 
 # The Linear (and 1x1 conv) layers of the UNet's transformer blocks, as sd-scripts targets them.
 UNET_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "proj_in", "proj_out", "ff.net.0.proj",
@@ -48,9 +49,9 @@ def lora_parameters(module: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [p for n, p in module.named_parameters() if "lora_" in n]
 
 
-class LoraMethod:
+class LoraMethod(MethodBase):
     def __init__(self, cfg: TrainConfig):
-        self.cfg = cfg
+        super().__init__(cfg)
         self.trains_text_encoder = cfg.network.train_text_encoder
 
     def prepare(self, model: Any) -> list[dict[str, Any]]:
@@ -73,10 +74,9 @@ class LoraMethod:
                              "nothing would train; turn one on")
         return groups
 
-    def save(self, path, model: Any, facts: Any):
+    def save(self, path, model: Any, facts: Any, final: bool = True):
         from trainer.export.lora import save_lora
 
-        dtype = {"fp32": torch.float32, "fp16": torch.float16,
-                 "bf16": torch.bfloat16}[self.cfg.saving.save_precision]
-        te = model.text_encoder if self.trains_text_encoder else None
-        return save_lora(path, model.unet, te, self.cfg, facts, dtype)
+        # the text encoder's LoRA stays in the file after stop_text_encoder_training froze it
+        te = model.text_encoder if self.cfg.network.train_text_encoder else None
+        return save_lora(path, model.unet, te, self.cfg, facts, self.save_dtype)

@@ -1,0 +1,61 @@
+"""A trained Stable Diffusion model as a diffusers folder, written without touching the model.
+
+``StableDiffusionPipeline.save_pretrained`` saves the modules at their current dtype; a run that
+goes on after an intermediate save must keep its fp32 weights, so this writes each component's
+config with the library's own writers and its weights, cast to the save precision, as the
+safetensors file that ``from_pretrained`` reads (``diffusion_pytorch_model.safetensors`` for
+diffusers models, ``model.safetensors`` for transformers). The folder appears atomically.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from trainer.export.safe_write import atomic_dir
+
+
+def _weights(module: torch.nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    out = {}
+    for key, tensor in module.state_dict().items():
+        t = tensor.detach().to("cpu")
+        out[key] = (t.to(dtype) if t.is_floating_point() else t).contiguous()
+    return out
+
+
+def _diffusers_model(module: Any, folder: Path, dtype: torch.dtype) -> None:
+    folder.mkdir()
+    module.save_config(folder)
+    save_file(_weights(module, dtype), str(folder / "diffusion_pytorch_model.safetensors"))
+
+
+def _transformers_model(module: Any, folder: Path, dtype: torch.dtype) -> None:
+    folder.mkdir()
+    module.config.save_pretrained(folder)
+    save_file(_weights(module, dtype), str(folder / "model.safetensors"),
+              metadata={"format": "pt"})
+
+
+def save_pipeline_folder(path: str | Path, model: Any, unet: Any, text_encoder: Any,
+                         dtype: torch.dtype) -> Path:
+    """Write ``model`` (a trainer BaseModel, with ``unet``/``text_encoder`` unwrapped) as a
+    ``StableDiffusionPipeline`` folder that ``from_pretrained`` loads; returns the path."""
+    from diffusers import DDIMScheduler, StableDiffusionPipeline
+
+    scheduler = DDIMScheduler.from_config(model.noise_scheduler.config)
+    pipe = StableDiffusionPipeline(
+        vae=model.vae, text_encoder=text_encoder, tokenizer=model.tokenizer, unet=unet,
+        scheduler=scheduler, safety_checker=None, feature_extractor=None,
+        requires_safety_checker=False)
+    path = Path(path)
+    with atomic_dir(path) as tmp:
+        pipe.save_config(tmp)  # model_index.json
+        _diffusers_model(unet, tmp / "unet", dtype)
+        _diffusers_model(model.vae, tmp / "vae", dtype)
+        _transformers_model(text_encoder, tmp / "text_encoder", dtype)
+        model.tokenizer.save_pretrained(tmp / "tokenizer")
+        scheduler.save_pretrained(tmp / "scheduler")
+    return path

@@ -1,0 +1,33 @@
+"""What the methods share: the save precision, and freezing the text encoder after N steps."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from trainer.config import TrainConfig
+
+SAVE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+class MethodBase:
+    def __init__(self, cfg: TrainConfig):
+        self.cfg = cfg
+        self.trains_text_encoder = False
+
+    @property
+    def save_dtype(self) -> torch.dtype:
+        return SAVE_DTYPES[self.cfg.saving.save_precision]
+
+    def after_step(self, model: Any, step: int) -> Optional[str]:
+        """Freeze the text encoder once ``network.stop_text_encoder_training`` steps are done,
+        as sd-scripts' ``stop_text_encoder_training`` does; the optimizer then skips its
+        parameters (their gradients stay None)."""
+        stop = self.cfg.network.stop_text_encoder_training
+        if not self.trains_text_encoder or stop is None or step < stop:
+            return None
+        model.text_encoder.requires_grad_(False)
+        model.text_encoder.eval()
+        self.trains_text_encoder = False
+        return f"Text encoder frozen after step {step} (network.stop_text_encoder_training)"

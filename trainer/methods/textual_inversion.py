@@ -1,0 +1,102 @@
+"""Textual inversion: new tokens in the tokenizer, and only their embedding rows learn.
+
+``network.token_string`` becomes ``num_vectors_per_token`` tokens, named as diffusers and
+AUTOMATIC1111 expand an embedding of several vectors: the token, then ``<token>_1``,
+``<token>_2``, ... Their rows start from ``network.init_word`` (vector i from the word's token i,
+repeated or cut to fit, as sd-scripts does), or from the mean embedding when it is unset. The
+optimizer sees the whole input-embedding matrix; after every step the rows of every other token
+are put back exactly as they were (Gal et al. 2022; the way diffusers' and sd-scripts' scripts
+keep them), so nothing else of the text encoder, the UNet or the VAE changes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from trainer.config import TrainConfig
+from trainer.methods.base import MethodBase
+
+
+class TokenError(ValueError):
+    """A token string or init word that cannot be used; the message names the setting."""
+
+
+def token_names(token: str, num_vectors: int) -> list[str]:
+    """``<tok>``, ``<tok>_1``, ... ``<tok>_{n-1}``."""
+    return [token] + [f"{token}_{i}" for i in range(1, num_vectors)]
+
+
+def init_rows(tokenizer: Any, weight: torch.Tensor, init_word: Optional[str],
+              num_vectors: int) -> torch.Tensor:
+    """The starting vectors [num_vectors, dim]: the init word's token embeddings, cycled."""
+    if init_word is None:
+        return weight.detach().float().mean(0, keepdim=True).repeat(num_vectors, 1)
+    ids = tokenizer.encode(init_word, add_special_tokens=False)
+    if not ids:
+        raise TokenError(f"network.init_word = {init_word!r} gives no tokens; use a word "
+                         f"such as 'cat' or 'painting'")
+    return torch.stack([weight[ids[i % len(ids)]].detach().float() for i in range(num_vectors)])
+
+
+class TextualInversionMethod(MethodBase):
+    def __init__(self, cfg: TrainConfig):
+        super().__init__(cfg)
+        self.trains_text_encoder = True  # the gradient flows through it to the embeddings
+        self.token_ids: list[int] = []
+        self._original: Optional[torch.Tensor] = None
+        self._keep: Optional[torch.Tensor] = None
+
+    def prepare(self, model: Any) -> list[dict[str, Any]]:
+        net = self.cfg.network
+        names = token_names(net.token_string, net.num_vectors_per_token)
+        tokenizer, encoder = model.tokenizer, model.text_encoder
+        taken = [n for n in names if n in tokenizer.get_vocab()]
+        if taken:
+            raise TokenError(f"network.token_string = {net.token_string!r}: the tokenizer "
+                             f"already knows {', '.join(taken)}; choose a new word such as "
+                             f"'<my-{net.token_string.strip('<>')}>'")
+        tokenizer.add_tokens(names)
+        self.token_ids = tokenizer.convert_tokens_to_ids(names)
+        encoder.resize_token_embeddings(len(tokenizer))
+        weight = encoder.get_input_embeddings().weight
+        with torch.no_grad():
+            start = init_rows(tokenizer, weight, net.init_word, len(names))
+            weight[self.token_ids] = start.to(weight.device, weight.dtype)
+        for module in (model.unet, encoder, model.vae):
+            module.requires_grad_(False)
+        weight.requires_grad_(True)
+        self._original = weight.detach().clone()
+        self._keep = torch.ones(weight.shape[0], dtype=torch.bool, device=weight.device)
+        self._keep[self.token_ids] = False
+        return [{"params": [weight], "lr": self.cfg.optimizer.learning_rate,
+                 "name": "embeddings"}]
+
+    def embeddings(self, model: Any) -> torch.Tensor:
+        """The trained vectors [num_vectors, dim]."""
+        return model.text_encoder.get_input_embeddings().weight[self.token_ids]
+
+    def after_step(self, model: Any, step: int) -> Optional[str]:
+        weight = model.text_encoder.get_input_embeddings().weight
+        with torch.no_grad():
+            weight[self._keep] = self._original[self._keep].to(weight.dtype)
+        return None
+
+    def save(self, path: Path, model: Any, facts: Any, final: bool = True) -> Path:
+        from trainer.export.embedding import save_embedding
+
+        net = self.cfg.network
+        extra = {
+            "ti_token_string": net.token_string,
+            "ti_num_vectors": str(net.num_vectors_per_token),
+            "ti_init_word": str(net.init_word),
+            "ti_base_model_hash": str(facts.base_model_hash),
+            "ss_output_name": self.cfg.saving.output_name,
+            "ss_steps": str(facts.steps),
+            "ss_epoch": str(facts.epoch),
+            "ss_sd_model_name": Path(model.source).name,
+        }
+        return save_embedding(path, self.embeddings(model), cfg=self.cfg, facts=facts,
+                              dtype=self.save_dtype, extra=extra)

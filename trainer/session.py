@@ -1,0 +1,198 @@
+"""Everything a run needs before its first step, built in order: the set-up half of the loop.
+
+:func:`prepare` detects the device once, resolves the precision, checks the data, loads the base
+model, generates missing class images, places the model, lets the method inject or unfreeze what
+trains, fills the caches and builds the optimizer. Each stage fills a field of a
+:class:`Session`, so a run that fails or stops half-way can still release what was built. The
+loop (trainer/loop.py) only reads the session.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Protocol
+
+import torch
+
+from trainer.config import TrainConfig
+from trainer.events import Event
+from trainer.plan import StepPlan, plan_steps
+from trainer.step import encode_captions, encode_images
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"no": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+class Reporter(Protocol):
+    """How set-up talks: log lines, events, and a way to honour Stop between stages."""
+
+    def log(self, message: str, level: str = "info") -> None: ...
+
+    def emit(self, event: Event) -> None: ...
+
+    def check_stop(self) -> None: ...
+
+
+@dataclass
+class Session:
+    cfg: TrainConfig
+    device_info: Any = None
+    precision: str = "no"
+    dtype: torch.dtype = torch.float32
+    method: Any = None
+    data: Any = None
+    model: Any = None
+    accelerator: Any = None
+    plan: Optional[StepPlan] = None
+    optimizer: Any = None
+    scheduler: Any = None
+    trained: list[Any] = field(default_factory=list)  # the modules with trained parameters
+    base_model_hash: Optional[str] = None
+
+    def release(self) -> None:
+        """Drop the models and free the device memory (the GUI process lives on)."""
+        if self.accelerator is not None:
+            try:
+                if self.cfg.training.log_with != "none":
+                    self.accelerator.end_training()
+                self.accelerator.free_memory()
+            except Exception:  # noqa: BLE001 - releasing must not mask the real outcome
+                log.exception("accelerator release failed")
+        self.model = self.accelerator = self.data = self.method = None
+        self.optimizer = self.scheduler = None
+        self.trained = []
+        gc.collect()
+        if self.device_info is not None:
+            from trainer.device import empty_cache
+
+            empty_cache(self.device_info)
+
+
+def prepare(s: Session, out: Reporter) -> None:
+    """Build ``s`` stage by stage; raises on bad input, with the setting or file named."""
+    from trainer.class_images import ensure_class_images
+    from trainer.data import prepare_dataset
+    from trainer.methods import get_method
+    from trainer.models.loader import load_base_model
+
+    _device(s, out)
+    s.method = get_method(s.cfg)
+    s.data = prepare_dataset(s.cfg, warn=lambda m: out.log(m, "warning"))
+    out.check_stop()
+    s.model = load_base_model(s.cfg.model)
+    out.check_stop()
+    out.log(f"Base model: {s.model.source} ({s.model.version}, {s.model.prediction_type})")
+    if ensure_class_images(s.cfg, s.model, s.device_info, s.precision, out):
+        s.data = prepare_dataset(s.cfg, warn=lambda m: out.log(m, "warning"))
+    s.accelerator = _accelerator(s.cfg, s.device_info, s.precision)
+    groups = _place_and_inject(s)
+    _cache(s, out)
+    out.check_stop()
+    tr = s.cfg.training
+    s.plan = plan_steps(s.data.steps_per_epoch(tr.train_batch_size),
+                        tr.gradient_accumulation_steps, tr.max_train_steps, tr.max_train_epochs)
+    _optimizer(s, groups)
+    s.base_model_hash = _base_hash(s.model.source)
+
+
+def _device(s: Session, out: Reporter) -> None:
+    from trainer.device import check_full_bf16, configure_cpu_threads, detect, resolve_precision
+
+    s.device_info = info = detect()
+    s.precision = resolve_precision(s.cfg.training.mixed_precision, info)
+    s.dtype = DTYPES[s.precision]
+    check_full_bf16(s.cfg.training.full_bf16, s.precision)
+    out.log(f"Device: {info.summary()}; mixed precision: {s.precision}")
+    threads = configure_cpu_threads(info)
+    if threads:
+        out.log(f"CPU training with {threads} thread(s), leaving a core free "
+                f"(set OMP_NUM_THREADS to choose)")
+
+
+def _accelerator(cfg: TrainConfig, info: Any, precision: str):
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+    from accelerate.utils import set_seed
+
+    from trainer.outputs import flat_hparams
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    tr = cfg.training
+    log_dir = Path(tr.logging_dir or Path(cfg.saving.output_dir) / "logs")
+    acc = Accelerator(
+        mixed_precision=precision, cpu=info.backend == "cpu",
+        gradient_accumulation_steps=tr.gradient_accumulation_steps,
+        log_with=None if tr.log_with == "none" else tr.log_with, project_dir=str(log_dir),
+    )
+    set_seed(tr.seed)
+    if tr.log_with != "none":
+        acc.init_trackers(cfg.saving.output_name, config=flat_hparams(cfg))
+    return acc
+
+
+def _trained_modules(model: Any) -> list[Any]:
+    return [m for m in (model.unet, model.text_encoder)
+            if any(p.requires_grad for p in m.parameters())]
+
+
+def _place_and_inject(s: Session) -> list[dict[str, Any]]:
+    """Move the model to the device, let the method choose what trains, set the modes."""
+    from diffusers.training_utils import cast_training_params
+
+    model, device, tr = s.model, s.accelerator.device, s.cfg.training
+    model.vae.to(device).eval()  # the VAE stays fp32: SD's VAE overflows in fp16
+    for module in (model.unet, model.text_encoder):
+        module.to(device) if s.dtype == torch.float32 else module.to(device, s.dtype)
+    groups = s.method.prepare(model)
+    trained = _trained_modules(model)
+    # trained weights in fp32 (or bf16 with full_bf16); the frozen rest at the compute dtype
+    cast_training_params(trained, dtype=torch.bfloat16 if tr.full_bf16 else torch.float32)
+    model.text_encoder.train(s.method.trains_text_encoder)
+    model.unet.train()
+    if tr.gradient_checkpointing:
+        model.unet.enable_gradient_checkpointing()
+        if s.method.trains_text_encoder:
+            model.text_encoder.gradient_checkpointing_enable()
+    return groups
+
+
+def _cache(s: Session, out: Reporter) -> None:
+    ds, model = s.cfg.dataset, s.model
+    if ds.cache_latents:
+        start = time.time()
+        # hashing the VAE's weights is only worth it for a cache that outlives the run
+        vae_id = model.vae_id if ds.cache_latents_to_disk else "in-memory"
+        with torch.no_grad():
+            encoded = s.data.cache_latents(lambda px: encode_images(model.vae, px), vae_id,
+                                           to_disk=ds.cache_latents_to_disk,
+                                           cache_dir=Path(ds.cache_dir) if ds.cache_dir
+                                           else None)
+        out.log(f"Latent cache ready: {encoded} image(s) encoded in {time.time() - start:.1f}s")
+        if not s.cfg.sampling.sample_prompts:
+            model.vae.to("cpu")  # not needed on the device any more
+    if ds.cache_text_encoder_outputs:  # prepare_dataset refused it where it is not valid
+        with torch.no_grad():
+            s.data.cache_text(lambda caps: encode_captions(model, caps, s.cfg.model.clip_skip))
+
+
+def _optimizer(s: Session, groups: list[dict[str, Any]]) -> None:
+    from trainer.optim import make_optimizer, make_scheduler
+
+    optimizer = make_optimizer(s.cfg.optimizer, groups, s.device_info.backend)
+    s.scheduler = make_scheduler(s.cfg.optimizer, optimizer, s.plan.total_steps)
+    s.trained = _trained_modules(s.model)
+    s.optimizer = s.accelerator.prepare(*s.trained, optimizer)[-1]
+
+
+def _base_hash(source: str) -> Optional[str]:
+    from trainer.export.hashes import model_short_hash
+
+    try:
+        return model_short_hash(Path(source))
+    except OSError:
+        return None
