@@ -69,6 +69,19 @@ class ModelSection(Section):
         1, "Use the output of the n-th last text-encoder layer (2 for many anime models).",
         advanced=True, ge=1, le=12,
     )
+    tokenizer: Optional[str] = setting(
+        None, "Tokenizer folder for a single-file model (the file holds none); unset looks "
+        "beside the file, then in the Hugging Face cache.", advanced=True, widget="dir",
+    )
+    config_dir: Optional[str] = setting(
+        None, "Folder of diffusers component configs (unet/, vae/, text_encoder/, ...) for a "
+        "single file of an unusual shape; unset uses the built-in SD 1.x, 2.x and SDXL ones.",
+        advanced=True, widget="dir",
+    )
+    cache_as_diffusers: bool = setting(
+        False, "Keep a diffusers copy of a single-file model in the studio's data folder, "
+        "loaded faster next time; off writes nothing.", advanced=True,
+    )
 
 
 class DatasetSection(Section):
