@@ -27,17 +27,18 @@ def _case(resolution: int, batch: int, cache: bool, steps: int, out: str, to_dis
     """Runs inside the child process: one training run, timed per step."""
     sys.path.insert(0, str(ROOT))
     import trainer.loop as loop
+    import trainer.session as session
     from trainer.config_io import from_dict
     from trainer.events import Step
 
     encoded = []
-    real_encode = loop.encode_images
+    real_encode = session.encode_images
 
     def counting(vae, pixels):
         encoded.append(pixels.shape[0])
         return real_encode(vae, pixels)
 
-    loop.encode_images = counting
+    session.encode_images = counting
     times: list[float] = []
 
     class Sink:

@@ -23,9 +23,10 @@ def one_image_dataset(root: Path, size=(64, 64), caption="a red circle") -> Path
     return root
 
 
-def preset_config(tmp_path: Path, **sections):
+def preset_config(tmp_path: Path, mode: str = "lora", **sections):
     """The default preset with its output in tmp_path and the given section overrides."""
     cfg = load(DEFAULT_PRESET).model_dump(mode="json", exclude_none=True)
+    cfg["mode"] = mode
     cfg["saving"]["output_dir"] = str(tmp_path / "out")
     cfg["training"]["log_with"] = "none"
     for section, values in sections.items():
@@ -33,8 +34,8 @@ def preset_config(tmp_path: Path, **sections):
     return from_dict(cfg)
 
 
-def small_config(tmp_path: Path, data_dir: Path, **sections):
-    """A quick LoRA config on a one-image dataset at 64 px."""
+def small_config(tmp_path: Path, data_dir: Path, mode: str = "lora", **sections):
+    """A quick config (LoRA unless ``mode`` says otherwise) on a one-image dataset at 64 px."""
     base = {"dataset": {"train_data_dir": str(data_dir), "resolution": 64,
                         "min_bucket_reso": 64, "max_bucket_reso": 128,
                         "bucket_reso_steps": 64},
@@ -42,7 +43,7 @@ def small_config(tmp_path: Path, data_dir: Path, **sections):
             "saving": {"save_precision": "fp32"}}
     for section, values in sections.items():
         base.setdefault(section, {}).update(values)
-    return preset_config(tmp_path, **base)
+    return preset_config(tmp_path, mode, **base)
 
 
 @torch.no_grad()

@@ -75,8 +75,11 @@ def _pipeline(model: Any, cfg: TrainConfig, device: str):
 
 
 def ensure_class_images(cfg: TrainConfig, model: Any, info: Any, precision: str,
-                        out: Any, batch_size: int = 4) -> int:
-    """Generate the missing class images; returns how many were written."""
+                        out: Any, batch_size: int = 1) -> int:
+    """Generate the missing class images; returns how many were written.
+
+    One image per pipeline call by default: batched maths rounds differently, and image i
+    must come out the same however many others are generated with it."""
     from trainer.export.safe_write import atomic_path
 
     if cfg.dataset.num_class_images is None:

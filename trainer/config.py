@@ -396,6 +396,11 @@ def _mode_checks(cfg: TrainConfig) -> None:
             raise ValueError(f"saving.output_name = {cfg.saving.output_name!r}: DreamBooth "
                              f"writes a folder of that name, which is taken by the run's "
                              f"{cfg.saving.output_name} folder; choose another name")
+    if cfg.mode != "textual_inversion" and net.stop_text_encoder_training is not None \
+            and not net.train_unet:
+        raise ValueError("network.stop_text_encoder_training is set but network.train_unet is "
+                         "off: nothing would train after that step; turn train_unet on or "
+                         "unset it")
     if ds.num_class_images is not None and ds.reg_data_dir is None:
         raise ValueError("dataset.num_class_images is set but dataset.reg_data_dir is not: set "
                          "the folder that keeps the class images")

@@ -1,0 +1,85 @@
+"""Each training mode's default preset on this machine: wall time, steps/s and peak memory.
+
+    python bench/modes.py [--modes lora dreambooth textual_inversion]
+
+Runs ``presets/<mode>/default.toml`` (the embedded tiny model and the sample dataset, as a user
+who clicks Train on a fresh install gets it) in a fresh process per mode, so each peak RSS is
+its own. The embedded model and dataset are built once before the timed runs. Prints the time
+from ``run()`` to the first step, the whole run (samples and saves included), steps/s over the
+steps after the first five, and the peak resident memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MODES = ("lora", "dreambooth", "textual_inversion")
+WARMUP = 5
+
+
+def _case(mode: str, out: str) -> dict:
+    """Runs inside the child process: one default-preset run, timed."""
+    sys.path.insert(0, str(ROOT))
+    from trainer import config_io
+    from trainer.events import Step
+    from trainer.loop import run
+
+    times: list[float] = []
+
+    class Sink:
+        def emit(self, event):
+            if isinstance(event, Step):
+                times.append(time.perf_counter())
+
+    cfg = config_io.load(ROOT / "presets" / mode / "default.toml",
+                         [f"saving.output_dir={out}", "training.log_with=none"])
+    start = time.perf_counter()
+    result = run(cfg, Sink())
+    total = time.perf_counter() - start
+    assert result.status == "finished", result.error
+    timed = times[WARMUP:]
+    rate = (len(timed) - 1) / (timed[-1] - timed[0]) if len(timed) > 1 else float("nan")
+    return {"steps": len(times), "first_step_s": times[0] - start, "total_s": total,
+            "steps_per_s": rate,
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def _child(args: list[str]) -> dict:
+    cmd = [sys.executable, __file__, "--child", json.dumps(args)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if proc.returncode != 0:
+        raise SystemExit(proc.stderr[-3000:])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--child")
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(_case(*json.loads(args.child))))
+        return
+    os.environ["KOHYA_STUDIO_HOME"] = tempfile.mkdtemp(prefix="bench-home-")
+    _child(["lora", tempfile.mkdtemp(prefix="bench-warm-")])  # builds the model and data once
+    print(f"default presets, {os.cpu_count()} cores (CPU training leaves one free unless "
+          f"OMP_NUM_THREADS is set)")
+    print(f"{'mode':<20}{'steps':>6}{'to step 1 s':>13}{'total s':>9}{'steps/s':>9}"
+          f"{'peak RSS MiB':>14}")
+    for mode in args.modes:
+        r = _child([mode, tempfile.mkdtemp(prefix=f"bench-{mode}-")])
+        print(f"{mode:<20}{r['steps']:>6}{r['first_step_s']:>13.1f}{r['total_s']:>9.1f}"
+              f"{r['steps_per_s']:>9.2f}{r['peak_rss_mib']:>14.0f}")
+
+
+if __name__ == "__main__":
+    main()
