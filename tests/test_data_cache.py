@@ -153,8 +153,9 @@ def test_text_cache_encodes_each_caption_once(root):
     assert sorted(c for call in calls for c in call) == ["photo, a sq thing",
                                                          "photo, a wide thing"]
     for batch in data.epoch(0, 2, seed=0):
-        assert batch.text_embeds.shape == (len(batch.captions), 2, 3)
-        for caption, row in zip(batch.captions, batch.text_embeds):
+        assert batch.text.hidden.shape == (len(batch.captions), 2, 3)
+        assert batch.text.pooled is None
+        for caption, row in zip(batch.captions, batch.text.hidden):
             assert torch.equal(row, torch.full((2, 3), float(len(caption))))
 
 

@@ -135,9 +135,15 @@ def _accelerator(cfg: TrainConfig, info: Any, precision: str):
     return acc
 
 
+def _networks(model: Any) -> list[Any]:
+    """The UNet and the text encoder(s): what a method may train."""
+    from trainer.models.family import family_of
+
+    return [model.unet] + [enc for _, enc, _ in family_of(model).text_encoders(model)]
+
+
 def _trained_modules(model: Any) -> list[Any]:
-    return [m for m in (model.unet, model.text_encoder)
-            if any(p.requires_grad for p in m.parameters())]
+    return [m for m in _networks(model) if any(p.requires_grad for p in m.parameters())]
 
 
 def _place_and_inject(s: Session) -> list[dict[str, Any]]:
@@ -146,18 +152,21 @@ def _place_and_inject(s: Session) -> list[dict[str, Any]]:
 
     model, device, tr = s.model, s.accelerator.device, s.cfg.training
     model.vae.to(device).eval()  # the VAE stays fp32: SD's VAE overflows in fp16
-    for module in (model.unet, model.text_encoder):
+    for module in _networks(model):
         module.to(device) if s.dtype == torch.float32 else module.to(device, s.dtype)
     groups = s.method.prepare(model)
     trained = _trained_modules(model)
     # trained weights in fp32 (or bf16 with full_bf16); the frozen rest at the compute dtype
     cast_training_params(trained, dtype=torch.bfloat16 if tr.full_bf16 else torch.float32)
-    model.text_encoder.train(s.method.trains_text_encoder)
+    encoders = _networks(model)[1:]
+    for encoder in encoders:  # a frozen encoder runs in eval mode (no dropout, no grad)
+        encoder.train(s.method.trains_text_encoder and encoder in trained)
     model.unet.train()
     if tr.gradient_checkpointing:
         model.unet.enable_gradient_checkpointing()
-        if s.method.trains_text_encoder:
-            model.text_encoder.gradient_checkpointing_enable()
+        for encoder in encoders:
+            if encoder.training:
+                encoder.gradient_checkpointing_enable()
     return groups
 
 

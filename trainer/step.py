@@ -10,7 +10,7 @@ from diffusers.training_utils import compute_snr
 
 from trainer.config import TrainConfig
 from trainer.losses import diffusion_loss, min_snr_weights, offset_noise, target_for
-from trainer.models.loader import text_embeddings
+from trainer.models.family import TextConditioning, family_of
 
 
 def encode_images(vae, pixels: torch.Tensor) -> torch.Tensor:
@@ -38,12 +38,10 @@ def expand_multi_vector_tokens(prompt: str, tokenizer: Any) -> str:
     return prompt
 
 
-def encode_captions(model: Any, captions: list[str], clip_skip: int) -> torch.Tensor:
-    tok = model.tokenizer
-    captions = [expand_multi_vector_tokens(c, tok) for c in captions]
-    ids = tok(captions, padding="max_length", max_length=tok.model_max_length, truncation=True,
-              return_tensors="pt").input_ids.to(model.text_encoder.device)
-    return text_embeddings(model.text_encoder, ids, clip_skip)
+def encode_captions(model: Any, captions: list[str], clip_skip: int) -> TextConditioning:
+    """The text conditioning of ``captions``, as the model's family makes it."""
+    captions = [expand_multi_vector_tokens(c, model.tokenizer) for c in captions]
+    return family_of(model).encode(model, captions, clip_skip)
 
 
 def batch_loss(batch: Any, model: Any, cfg: TrainConfig, device: torch.device,
@@ -59,12 +57,15 @@ def batch_loss(batch: Any, model: Any, cfg: TrainConfig, device: torch.device,
     timesteps = torch.randint(0, scheduler.config.num_train_timesteps, (latents.shape[0],),
                               device=device).long()
     noisy = scheduler.add_noise(latents, noise, timesteps)
-    if getattr(batch, "text_embeds", None) is not None:
-        hidden = batch.text_embeds.to(device, dtype)
+    family = family_of(model)
+    if batch.text is not None:
+        text = batch.text.to(device, dtype)
     else:
-        with torch.set_grad_enabled(model.text_encoder.training):
-            hidden = encode_captions(model, batch.captions, cfg.model.clip_skip)
-    pred = model.unet(noisy, timesteps, hidden).sample
+        grad = any(enc.training for _, enc, _ in family.text_encoders(model))
+        with torch.set_grad_enabled(grad):
+            text = encode_captions(model, batch.captions, cfg.model.clip_skip)
+    added = family.added_conditioning(text, batch.size_ids)
+    pred = model.unet(noisy, timesteps, text.hidden, added_cond_kwargs=added).sample
     target = target_for(model.prediction_type, latents, noise, timesteps, scheduler)
     weights = batch.loss_weights.to(device).float()
     if cfg.training.min_snr_gamma is not None:

@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 import torch
 
+from ..models.family import size_ids
 from ..paths import data_home as studio_data_home
 from .buckets import BucketSpec, Size, assign_bucket, bucket_name, bucket_table_for, cover_size
 from .buckets import crop_box as make_crop_box
@@ -50,7 +51,8 @@ class Batch:
     bucket: Size
     latents: Optional[torch.Tensor] = None  # [B, C, H/8, W/8] when latents are cached
     pixels: Optional[torch.Tensor] = None  # [B, 3, H, W] in [-1, 1] otherwise
-    text_embeds: Optional[torch.Tensor] = None  # [B, ...] when the text cache is used
+    text: Any = None  # TextConditioning (hidden, pooled) when the text cache is used
+    size_ids: Optional[torch.Tensor] = None  # [B, 6]: SDXL's original size, crop, target size
     paths: list[Path] = field(default_factory=list)
 
 
@@ -170,10 +172,14 @@ class TrainingData:
         for step, indices in enumerate(plan_epoch(self._groups, batch_size, seed, epoch)):
             yield self._batch(indices, random.Random(f"{seed}:{epoch}:{step}"))
 
-    def _pixels(self, index: int, flip: bool, rng: random.Random) -> torch.Tensor:
+    def _pixels(self, index: int, flip: bool, geometry: tuple[Size, tuple]) -> torch.Tensor:
         rgb = load_image(self.entries[index].path).rgb
-        resized, box = self._geometry(index, rng if self.random_crop else None)
+        resized, box = geometry
         return to_tensor(render(rgb, resized, box, flip))
+
+    def _size_ids(self, index: int, geometry: tuple[Size, tuple]) -> list[int]:
+        box = geometry[1]
+        return size_ids(self.entries[index].size, (box[0], box[1]), self.buckets[index])
 
     def _batch(self, indices: list[int], rng: random.Random) -> Batch:
         entries = [self.entries[i] for i in indices]
@@ -182,14 +188,18 @@ class TrainingData:
         captions = [apply_caption(c, self.caption_options, rng) for c in bases]
         flips = [self.flip_aug and rng.random() < 0.5 for _ in indices]
         weights = [self.prior_loss_weight if e.is_reg else 1.0 for e in entries]
+        geometry = [self._geometry(i, rng if self.random_crop else None) for i in indices]
         batch = Batch(captions, torch.tensor(weights, dtype=torch.float32),
-                      self.buckets[indices[0]], paths=[e.path for e in entries])
+                      self.buckets[indices[0]], paths=[e.path for e in entries],
+                      size_ids=torch.tensor([self._size_ids(i, g)
+                                             for i, g in zip(indices, geometry)]))
         if self._latents is not None:
             batch.latents = torch.stack([self._latents.get(i, f) for i, f in zip(indices, flips)])
         else:
-            batch.pixels = torch.stack([self._pixels(i, f, rng) for i, f in zip(indices, flips)])
+            batch.pixels = torch.stack([self._pixels(i, f, g)
+                                        for i, f, g in zip(indices, flips, geometry)])
         if self._text is not None:
-            batch.text_embeds = self._text.get(captions)
+            batch.text = self._text.get(captions)
         return batch
 
 

@@ -11,7 +11,9 @@ from typing import Any, Optional
 
 import torch
 
-EncodeText = Callable[[list[str]], torch.Tensor]
+from ..models.family import TextConditioning
+
+EncodeText = Callable[[list[str]], Any]  # captions -> TextConditioning (or a hidden tensor)
 
 
 def _reasons(cfg: Any, trains_text_encoder: Optional[bool]) -> list[str]:
@@ -45,34 +47,45 @@ def text_cache_allowed(cfg: Any, trains_text_encoder: Optional[bool] = None) -> 
 
 
 class TextCache:
-    """Text-encoder outputs per caption, kept on the CPU."""
+    """Text-encoder outputs per caption, kept on the CPU: the hidden states, and for SDXL the
+    pooled embedding (``encode_text`` returns a TextConditioning)."""
 
-    def __init__(self, embeds: dict[str, torch.Tensor]) -> None:
-        self._embeds = embeds
+    def __init__(self, rows: dict[str, tuple[torch.Tensor, Optional[torch.Tensor]]]) -> None:
+        self._rows = rows
 
     def __len__(self) -> int:
-        return len(self._embeds)
+        return len(self._rows)
 
     @classmethod
     def build(
         cls, captions: Iterable[str], encode_text: EncodeText, batch_size: int = 16
     ) -> TextCache:
         unique = sorted(set(captions))
-        embeds: dict[str, torch.Tensor] = {}
+        rows: dict[str, tuple[torch.Tensor, Optional[torch.Tensor]]] = {}
         for start in range(0, len(unique), batch_size):
             chunk = unique[start : start + batch_size]
             with torch.no_grad():
-                out = encode_text(chunk)
-            if out.shape[0] != len(chunk):
+                out = _as_conditioning(encode_text(chunk))
+            if out.hidden.shape[0] != len(chunk):
                 raise ValueError(
-                    f"encode_text returned {out.shape[0]} outputs for {len(chunk)} captions"
+                    f"encode_text returned {out.hidden.shape[0]} outputs for {len(chunk)} "
+                    f"captions"
                 )
-            for caption, row in zip(chunk, out.detach().cpu()):
-                embeds[caption] = row.clone()
-        return cls(embeds)
+            hidden = out.hidden.detach().cpu()
+            pooled = None if out.pooled is None else out.pooled.detach().cpu()
+            for i, caption in enumerate(chunk):
+                rows[caption] = (hidden[i].clone(),
+                                 None if pooled is None else pooled[i].clone())
+        return cls(rows)
 
-    def get(self, captions: list[str]) -> torch.Tensor:
-        missing = [c for c in captions if c not in self._embeds]
+    def get(self, captions: list[str]) -> TextConditioning:
+        missing = [c for c in captions if c not in self._rows]
         if missing:
             raise KeyError(f"captions not in the text cache: {missing}")
-        return torch.stack([self._embeds[c] for c in captions])
+        hidden = torch.stack([self._rows[c][0] for c in captions])
+        pooled = [self._rows[c][1] for c in captions]
+        return TextConditioning(hidden, None if pooled[0] is None else torch.stack(pooled))
+
+
+def _as_conditioning(out: Any) -> TextConditioning:
+    return out if isinstance(out, TextConditioning) else TextConditioning(out)

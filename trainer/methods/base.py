@@ -27,7 +27,10 @@ class MethodBase:
         stop = self.cfg.network.stop_text_encoder_training
         if not self.trains_text_encoder or stop is None or step < stop:
             return None
-        model.text_encoder.requires_grad_(False)
-        model.text_encoder.eval()
+        from trainer.models.family import family_of
+
+        for _, encoder, _ in family_of(model).text_encoders(model):
+            encoder.requires_grad_(False)
+            encoder.eval()
         self.trains_text_encoder = False
         return f"Text encoder frozen after step {step} (network.stop_text_encoder_training)"

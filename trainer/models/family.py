@@ -1,0 +1,97 @@
+"""What differs per model family when a prompt becomes the UNet's conditioning.
+
+SD 1.x and 2.x have one CLIP text encoder: the UNet reads its last hidden states (or, with
+``clip_skip = n``, the n-th last, through the final layer norm, as sd-scripts and AUTOMATIC1111
+do). SDXL has two (CLIP ViT-L and OpenCLIP ViT-bigG with a projection): the UNet reads both
+encoders' penultimate hidden states side by side, plus "added conditioning": the second
+encoder's pooled, projected output and six size numbers per image (original height and width,
+crop top and left, target height and width; Podell et al. 2023, "SDXL", section 2.2), which
+diffusers' SDXL pipeline passes as ``added_cond_kwargs``. ``clip_skip`` counts from that
+penultimate layer, as diffusers' ``clip_skip`` does for SDXL.
+
+:func:`family_of` gives the family object of a loaded model; the step, the text cache, the
+samples and the methods ask it instead of branching on the version themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+
+@dataclass
+class TextConditioning:
+    """The text side of the conditioning of a batch (or of one caption, in the text cache)."""
+
+    hidden: torch.Tensor  # [B, 77, D]: the UNet's encoder_hidden_states
+    pooled: Optional[torch.Tensor] = None  # [B, P]: SDXL's pooled text embedding
+
+    def to(self, device: Any, dtype: torch.dtype) -> TextConditioning:
+        pooled = None if self.pooled is None else self.pooled.to(device, dtype)
+        return TextConditioning(self.hidden.to(device, dtype), pooled)
+
+
+def _ids(tokenizer: Any, captions: list[str], device: Any) -> torch.Tensor:
+    return tokenizer(captions, padding="max_length", max_length=tokenizer.model_max_length,
+                     truncation=True, return_tensors="pt").input_ids.to(device)
+
+
+class SD1Family:
+    """SD 1.x and 2.x: one CLIP text encoder."""
+
+    name = "sd1"
+
+    def text_encoders(self, model: Any) -> list[tuple[str, Any, Any]]:
+        """(attribute name, encoder, tokenizer) of each text encoder."""
+        return [("text_encoder", model.text_encoder, model.tokenizer)]
+
+    def encode(self, model: Any, captions: list[str], clip_skip: int) -> TextConditioning:
+        from trainer.models.loader import text_embeddings
+
+        encoder = model.text_encoder
+        ids = _ids(model.tokenizer, captions, encoder.device)
+        return TextConditioning(text_embeddings(encoder, ids, clip_skip))
+
+    def added_conditioning(self, text: TextConditioning, size_ids: Optional[torch.Tensor]
+                           ) -> Optional[dict[str, torch.Tensor]]:
+        return None
+
+
+class SDXLFamily(SD1Family):
+    """SDXL: two text encoders, pooled text embeddings and size conditioning."""
+
+    name = "sdxl"
+
+    def text_encoders(self, model: Any) -> list[tuple[str, Any, Any]]:
+        return [("text_encoder", model.text_encoder, model.tokenizer),
+                ("text_encoder_2", model.text_encoder_2, model.tokenizer_2)]
+
+    def encode(self, model: Any, captions: list[str], clip_skip: int) -> TextConditioning:
+        hidden, pooled = [], None
+        for _, encoder, tokenizer in self.text_encoders(model):
+            out = encoder(_ids(tokenizer, captions, encoder.device), output_hidden_states=True)
+            hidden.append(out.hidden_states[-(clip_skip + 1)])
+            pooled = out[0]  # the last encoder's projected pooled output (text_embeds)
+        return TextConditioning(torch.cat(hidden, dim=-1), pooled)
+
+    def added_conditioning(self, text: TextConditioning, size_ids: Optional[torch.Tensor]
+                           ) -> Optional[dict[str, torch.Tensor]]:
+        if size_ids is None or text.pooled is None:
+            raise ValueError("SDXL needs the pooled text embedding and the size ids")
+        return {"text_embeds": text.pooled,
+                "time_ids": size_ids.to(text.pooled.device, text.pooled.dtype)}
+
+
+def family_of(model: Any) -> SD1Family:
+    return SDXLFamily() if model.version == "sdxl" else SD1Family()
+
+
+def size_ids(original: tuple[int, int], crop_left_top: tuple[int, int],
+             target: tuple[int, int]) -> list[int]:
+    """SDXL's six size numbers from (width, height) pairs, in the order the UNet reads them:
+    original height, width, crop top, left, target height, width (diffusers'
+    ``_get_add_time_ids``: ``original_size + crops_coords_top_left + target_size``)."""
+    (ow, oh), (left, top), (tw, th) = original, crop_left_top, target
+    return [oh, ow, top, left, th, tw]
