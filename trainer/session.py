@@ -137,7 +137,7 @@ def _accelerator(cfg: TrainConfig, info: Any, precision: str):
 
 def _networks(model: Any) -> list[Any]:
     """The UNet and the text encoder(s): what a method may train."""
-    from trainer.models.family import family_of
+    from trainer.models.conditioning import family_of
 
     return [model.unet] + [enc for _, enc, _ in family_of(model).text_encoders(model)]
 

@@ -10,7 +10,7 @@ from diffusers.training_utils import compute_snr
 
 from trainer.config import TrainConfig
 from trainer.losses import diffusion_loss, min_snr_weights, offset_noise, target_for
-from trainer.models.family import TextConditioning, family_of
+from trainer.models.conditioning import TextConditioning, family_of
 
 
 def encode_images(vae, pixels: torch.Tensor) -> torch.Tensor:

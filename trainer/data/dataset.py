@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 import torch
 
-from ..models.family import size_ids
+from ..models.conditioning import size_ids
 from ..paths import data_home as studio_data_home
 from .buckets import BucketSpec, Size, assign_bucket, bucket_name, bucket_table_for, cover_size
 from .buckets import crop_box as make_crop_box

@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 import torch
 
-from ..models.family import TextConditioning
+from ..models.conditioning import TextConditioning
 
 EncodeText = Callable[[list[str]], Any]  # captions -> TextConditioning (or a hidden tensor)
 

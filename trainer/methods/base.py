@@ -27,7 +27,7 @@ class MethodBase:
         stop = self.cfg.network.stop_text_encoder_training
         if not self.trains_text_encoder or stop is None or step < stop:
             return None
-        from trainer.models.family import family_of
+        from trainer.models.conditioning import family_of
 
         for _, encoder, _ in family_of(model).text_encoders(model):
             encoder.requires_grad_(False)
