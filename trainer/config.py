@@ -179,6 +179,10 @@ class NetworkSection(Section):
     train_text_encoder: bool = setting(
         False, "Train the text encoder too.", modes=("lora", "dreambooth")
     )
+    train_text_encoder_2: Optional[bool] = setting(
+        None, "SDXL only: train the second text encoder (OpenCLIP bigG); unset follows "
+        "train_text_encoder.", modes=("lora", "dreambooth"), advanced=True,
+    )
     stop_text_encoder_training: Optional[int] = setting(
         None, "Freeze the text encoder after this many steps (it trains until then).",
         modes=("lora", "dreambooth"), advanced=True, ge=1,
@@ -219,6 +223,10 @@ class OptimizerSection(Section):
     text_encoder_lr: Optional[float] = setting(
         None, "Learning rate of the text encoder; unset uses learning_rate.",
         modes=("lora", "dreambooth"), advanced=True, gt=0, le=10,
+    )
+    text_encoder_2_lr: Optional[float] = setting(
+        None, "SDXL only: learning rate of the second text encoder; unset uses "
+        "text_encoder_lr.", modes=("lora", "dreambooth"), advanced=True, gt=0, le=10,
     )
     weight_decay: float = setting(0.01, "Weight decay.", advanced=True, ge=0, le=1)
     optimizer_args: dict[str, Union[bool, int, float, str]] = setting(
@@ -262,6 +270,10 @@ class TrainingSection(Section):
         False, "Recompute activations in the backward pass to save memory.", advanced=True
     )
     seed: int = setting(42, "Random seed.", ge=0, le=2**32 - 1)
+    zero_terminal_snr: bool = setting(
+        False, "Rescale the noise schedule to zero terminal SNR (Lin et al. 2024); for "
+        "v-prediction models. Samples use the same schedule.", advanced=True,
+    )
     noise_offset: Optional[float] = setting(
         None, "Noise offset (Guttenberg 2023): lets the model learn darker and brighter images.",
         advanced=True, ge=0, le=1,
@@ -389,7 +401,7 @@ def _mode_checks(cfg: TrainConfig) -> None:
             raise ValueError("dataset.reg_data_dir: regularization images are not used in "
                              "textual_inversion mode (only the token learns); unset it")
     elif cfg.mode == "dreambooth":
-        if not (net.train_unet or net.train_text_encoder):
+        if not (net.train_unet or net.train_text_encoder or net.train_text_encoder_2):
             raise ValueError("network.train_unet and network.train_text_encoder are both off: "
                              "nothing would train; turn one on")
         if cfg.saving.output_name in ("sample", "logs"):

@@ -171,6 +171,12 @@ def _rename(key: str, prefixes: PrefixMap, what: str) -> str:
     raise ValueError(f"{what} weight {key!r} has no place in the original SD layout")
 
 
+def original_module_path(path: str, prefixes: PrefixMap) -> str:
+    """The original name of a module (not a weight): ``down_blocks.1.resnets.0.conv1`` ->
+    ``input_blocks.4.0.in_layers.2``."""
+    return _rename(path + ".weight", prefixes, "module")[: -len(".weight")]
+
+
 def _tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu") for k, v in unwrap(module).state_dict().items()}
 

@@ -16,8 +16,9 @@ trained with alpha != rank loads at the wrong strength) and names the text encod
 this converter reads each peft layer's own rank and alpha instead, which also covers
 ``rank_pattern`` / ``alpha_pattern`` (e.g. conv LoRA with its own rank).
 
-SDXL is an extension point: call :func:`module_lora_tensors` once per text encoder with the
-prefixes ``lora_te1`` and ``lora_te2`` (``kohya_state_dict`` takes ``te_prefix`` for the first).
+SDXL: the text encoders are ``lora_te1_...`` and ``lora_te2_...`` and the UNet's modules are
+named by the original SGM layout (``lora_unet_input_blocks_4_1_transformer_blocks_0_attn1_to_q``),
+as sd-scripts' SDXL networks name them; :func:`sgm_unet_names` maps diffusers' paths.
 """
 
 from __future__ import annotations
@@ -123,19 +124,35 @@ def kohya_state_dict(
     dtype: torch.dtype = torch.float16,
     te_prefix: str = TEXT_ENCODER_PREFIX,
     adapter_name: str = "default",
+    text_encoder_2: Optional[torch.nn.Module] = None,
+    unet_rename: Optional[Any] = None,
 ) -> dict[str, torch.Tensor]:
-    """The LoRA of a peft-adapted UNet (and text encoder) under kohya's key names."""
+    """The LoRA of a peft-adapted UNet (and text encoder(s)) under kohya's key names.
+
+    SDXL: pass ``te_prefix="lora_te1"``, ``text_encoder_2`` (named ``lora_te2``) and
+    ``unet_rename`` = :func:`sgm_unet_names` (sd-scripts names SDXL's UNet modules by the
+    original SGM layout, ``input_blocks_4_1_...``)."""
     tensors: dict[str, torch.Tensor] = {}
     if unet is not None:
         tensors.update(module_lora_tensors(unet, UNET_PREFIX, dtype=dtype,
-                                           adapter_name=adapter_name))
-    if text_encoder is not None:
-        tensors.update(module_lora_tensors(text_encoder, te_prefix, dtype=dtype,
-                                           adapter_name=adapter_name,
-                                           rename=text_encoder_module_path))
+                                           adapter_name=adapter_name, rename=unet_rename))
+    for prefix, encoder in ((te_prefix, text_encoder), ("lora_te2", text_encoder_2)):
+        if encoder is not None:
+            tensors.update(module_lora_tensors(encoder, prefix, dtype=dtype,
+                                               adapter_name=adapter_name,
+                                               rename=text_encoder_module_path))
     if not tensors:
         raise ValueError(f"no LoRA layers with adapter {adapter_name!r} to save")
     return tensors
+
+
+def sgm_unet_names(unet: torch.nn.Module) -> Any:
+    """diffusers module path -> the original (SGM/LDM) one, for this UNet's config:
+    ``down_blocks.1.attentions.0.proj_in`` -> ``input_blocks.4.1.proj_in`` (SDXL's layout)."""
+    from trainer.export.checkpoint import original_module_path, unet_prefix_map
+
+    prefixes = unet_prefix_map(unwrap(unet).config)
+    return lambda path: original_module_path(path, prefixes)
 
 
 def save_lora(
@@ -145,6 +162,7 @@ def save_lora(
     cfg: Any,
     facts: Any,
     dtype: Optional[torch.dtype] = None,
+    text_encoder_2: Optional[torch.nn.Module] = None,
 ) -> Path:
     """Write a kohya LoRA file with ``ss_*``, ``modelspec.*`` and ``sshs_*`` metadata, atomically.
 
@@ -152,11 +170,16 @@ def save_lora(
     :class:`trainer.export.metadata.RunFacts` for the moment of this save (steps, epoch, ...).
     """
     from trainer.export.hashes import add_hashes
-    from trainer.export.metadata import RunFacts, build_lora_metadata
+    from trainer.export.metadata import RunFacts, build_lora_metadata, resolved_version
     from trainer.export.safe_write import save_safetensors_atomic
 
     facts = facts if facts is not None else RunFacts()
     dtype = dtype or SAVE_DTYPES[cfg.saving.save_precision]
-    tensors = kohya_state_dict(unet, text_encoder, dtype=dtype)
+    if resolved_version(cfg, facts) == "sdxl":
+        tensors = kohya_state_dict(unet, text_encoder, dtype=dtype, te_prefix="lora_te1",
+                                   text_encoder_2=text_encoder_2,
+                                   unet_rename=sgm_unet_names(unet) if unet else None)
+    else:
+        tensors = kohya_state_dict(unet, text_encoder, dtype=dtype)
     metadata = add_hashes(build_lora_metadata(cfg, facts), tensors)
     return save_safetensors_atomic(path, tensors, metadata)

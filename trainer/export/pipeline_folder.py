@@ -40,22 +40,30 @@ def _transformers_model(module: Any, folder: Path, dtype: torch.dtype) -> None:
 
 
 def save_pipeline_folder(path: str | Path, model: Any, unet: Any, text_encoder: Any,
-                         dtype: torch.dtype) -> Path:
-    """Write ``model`` (a trainer BaseModel, with ``unet``/``text_encoder`` unwrapped) as a
-    ``StableDiffusionPipeline`` folder that ``from_pretrained`` loads; returns the path."""
-    from diffusers import DDIMScheduler, StableDiffusionPipeline
+                         dtype: torch.dtype, text_encoder_2: Any = None) -> Path:
+    """Write ``model`` (a trainer BaseModel, with ``unet``/``text_encoder``(``_2``) unwrapped)
+    as a ``StableDiffusionPipeline`` (SDXL: ``StableDiffusionXLPipeline``) folder that
+    ``from_pretrained`` loads; returns the path."""
+    from diffusers import DDIMScheduler, StableDiffusionPipeline, StableDiffusionXLPipeline
 
     scheduler = DDIMScheduler.from_config(model.noise_scheduler.config)
-    pipe = StableDiffusionPipeline(
-        vae=model.vae, text_encoder=text_encoder, tokenizer=model.tokenizer, unet=unet,
-        scheduler=scheduler, safety_checker=None, feature_extractor=None,
-        requires_safety_checker=False)
+    parts = {"vae": model.vae, "text_encoder": text_encoder, "tokenizer": model.tokenizer,
+             "unet": unet, "scheduler": scheduler}
+    if text_encoder_2 is not None:
+        parts.update(text_encoder_2=text_encoder_2, tokenizer_2=model.tokenizer_2)
+        pipe = StableDiffusionXLPipeline(**parts)
+    else:
+        pipe = StableDiffusionPipeline(**parts, safety_checker=None, feature_extractor=None,
+                                       requires_safety_checker=False)
     path = Path(path)
     with atomic_dir(path) as tmp:
         pipe.save_config(tmp)  # model_index.json
         _diffusers_model(unet, tmp / "unet", dtype)
         _diffusers_model(model.vae, tmp / "vae", dtype)
-        _transformers_model(text_encoder, tmp / "text_encoder", dtype)
-        model.tokenizer.save_pretrained(tmp / "tokenizer")
+        for name in ("text_encoder", "text_encoder_2"):
+            if parts.get(name) is not None:
+                _transformers_model(parts[name], tmp / name, dtype)
+                tok = "tokenizer" + name[len("text_encoder"):]
+                parts[tok].save_pretrained(tmp / tok)
         scheduler.save_pretrained(tmp / "scheduler")
     return path

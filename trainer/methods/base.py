@@ -16,6 +16,22 @@ class MethodBase:
         self.cfg = cfg
         self.trains_text_encoder = False
 
+    def trained_text_encoders(self, model: Any) -> list[tuple[str, Any, float]]:
+        """(name, encoder, learning rate) of each text encoder this run trains: the first
+        with ``network.train_text_encoder``; SDXL's second with ``train_text_encoder_2``
+        (unset: the same as the first) at ``text_encoder_2_lr`` (unset: ``text_encoder_lr``)."""
+        from trainer.models.conditioning import family_of
+
+        net, opt = self.cfg.network, self.cfg.optimizer
+        lr = opt.text_encoder_lr or opt.learning_rate
+        wanted = {"text_encoder": (net.train_text_encoder, lr),
+                  "text_encoder_2": (net.train_text_encoder if net.train_text_encoder_2 is None
+                                     else net.train_text_encoder_2,
+                                     opt.text_encoder_2_lr or lr)}
+        return [(name, encoder, wanted[name][1])
+                for name, encoder, _ in family_of(model).text_encoders(model)
+                if wanted[name][0]]
+
     @property
     def save_dtype(self) -> torch.dtype:
         return SAVE_DTYPES[self.cfg.saving.save_precision]

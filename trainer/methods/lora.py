@@ -52,31 +52,41 @@ def lora_parameters(module: torch.nn.Module) -> list[torch.nn.Parameter]:
 class LoraMethod(MethodBase):
     def __init__(self, cfg: TrainConfig):
         super().__init__(cfg)
-        self.trains_text_encoder = cfg.network.train_text_encoder
+        self.saved_encoders: list[str] = []
 
     def prepare(self, model: Any) -> list[dict[str, Any]]:
         """Freeze the base model, inject the adapters and return the parameter groups."""
         opt = self.cfg.optimizer
-        for module in (model.unet, model.text_encoder, model.vae):
+        encoders = self.trained_text_encoders(model)
+        for module in (model.unet, model.vae, *(e for _, e, _ in family_text_encoders(model))):
             module.requires_grad_(False)
         groups: list[dict[str, Any]] = []
         if self.cfg.network.train_unet:
             model.unet.add_adapter(unet_lora_config(self.cfg))
             groups.append({"params": lora_parameters(model.unet),
                            "lr": opt.unet_lr or opt.learning_rate, "name": "unet"})
-        if self.trains_text_encoder:
-            inject_adapter_in_model(text_encoder_lora_config(self.cfg), model.text_encoder)
-            groups.append({"params": lora_parameters(model.text_encoder),
-                           "lr": opt.text_encoder_lr or opt.learning_rate,
-                           "name": "text_encoder"})
+        for name, encoder, lr in encoders:
+            inject_adapter_in_model(text_encoder_lora_config(self.cfg), encoder)
+            groups.append({"params": lora_parameters(encoder), "lr": lr, "name": name})
+        self.trains_text_encoder = bool(encoders)
+        self.saved_encoders = [name for name, _, _ in encoders]
         if not groups:
-            raise ValueError("network.train_unet and network.train_text_encoder are both off: "
-                             "nothing would train; turn one on")
+            raise ValueError("network.train_unet and network.train_text_encoder are both off "
+                             "(or this model has no text encoder to train): nothing would "
+                             "train; turn one on")
         return groups
 
     def save(self, path, model: Any, facts: Any, final: bool = True):
         from trainer.export.lora import save_lora
 
-        # the text encoder's LoRA stays in the file after stop_text_encoder_training froze it
-        te = model.text_encoder if self.cfg.network.train_text_encoder else None
-        return save_lora(path, model.unet, te, self.cfg, facts, self.save_dtype)
+        # a text encoder's LoRA stays in the file after stop_text_encoder_training froze it
+        te, te2 = (getattr(model, n) if n in self.saved_encoders else None
+                   for n in ("text_encoder", "text_encoder_2"))
+        return save_lora(path, model.unet if self.cfg.network.train_unet else None, te,
+                         self.cfg, facts, self.save_dtype, text_encoder_2=te2)
+
+
+def family_text_encoders(model: Any) -> list[tuple[str, Any, Any]]:
+    from trainer.models.conditioning import family_of
+
+    return family_of(model).text_encoders(model)

@@ -29,6 +29,33 @@ def token_names(token: str, num_vectors: int) -> list[str]:
     return [token] + [f"{token}_{i}" for i in range(1, num_vectors)]
 
 
+def known_tokens(tokenizer: Any, names: list[str]) -> list[str]:
+    """The names the tokenizer already reads as one token of its own: an added token, or a word
+    of its vocabulary such as 'shape' (stored as 'shape</w>' in CLIP's BPE, so a plain lookup
+    misses it). Adding such a name would hijack that word in every prompt."""
+    vocab = tokenizer.get_vocab()
+    taken = []
+    for name in names:
+        ids = tokenizer.encode(name, add_special_tokens=False)
+        if name in vocab or (len(ids) == 1 and ids[0] != tokenizer.unk_token_id):
+            taken.append(name)
+    return taken
+
+
+def check_read_back(tokenizer: Any, token: str, names: list[str]) -> None:
+    """Refuse an embedding of several vectors whose added tokens the tokenizer reads as other
+    text: CLIP lower-cases prompts, so diffusers' pipelines (their ``maybe_convert_prompt``, and
+    with them this studio's samples) would find '<mycat>' for '<MyCat>' and use one vector only."""
+    if len(names) < 2:
+        return
+    read = [tokenizer.tokenize(n) for n in names]
+    if any(pieces != [n] for pieces, n in zip(read, names)):
+        shown = " ".join(read[0])
+        raise TokenError(f"network.token_string = {token!r}: the tokenizer reads it as "
+                         f"{shown!r}, so pipelines would not find its other vectors; write it "
+                         f"as the tokenizer does, e.g. {shown!r}")
+
+
 def init_rows(tokenizer: Any, weight: torch.Tensor, init_word: Optional[str],
               num_vectors: int) -> torch.Tensor:
     """The starting vectors [num_vectors, dim]: the init word's token embeddings, cycled."""
@@ -53,17 +80,21 @@ class TextualInversionMethod(MethodBase):
         net = self.cfg.network
         names = token_names(net.token_string, net.num_vectors_per_token)
         tokenizer, encoder = model.tokenizer, model.text_encoder
-        taken = [n for n in names if n in tokenizer.get_vocab()]
+        taken = known_tokens(tokenizer, names)
         if taken:
             raise TokenError(f"network.token_string = {net.token_string!r}: the tokenizer "
                              f"already knows {', '.join(taken)}; choose a new word such as "
-                             f"'<my-{net.token_string.strip('<>')}>'")
+                             f"'<my-{net.token_string.strip('<>').lower()}>'")
+        # from the vocabulary as it was, before the new rows exist: the init word's tokens (it
+        # may not name the new token itself) or the mean of the existing rows
+        start = init_rows(tokenizer, encoder.get_input_embeddings().weight, net.init_word,
+                          len(names))
         tokenizer.add_tokens(names)
+        check_read_back(tokenizer, net.token_string, names)
         self.token_ids = tokenizer.convert_tokens_to_ids(names)
-        encoder.resize_token_embeddings(len(tokenizer))
+        encoder.resize_token_embeddings(len(tokenizer), mean_resizing=False)
         weight = encoder.get_input_embeddings().weight
         with torch.no_grad():
-            start = init_rows(tokenizer, weight, net.init_word, len(names))
             weight[self.token_ids] = start.to(weight.device, weight.dtype)
         for module in (model.unet, encoder, model.vae):
             module.requires_grad_(False)
