@@ -70,3 +70,10 @@ def test_meter_reports_rate_and_eta():
     for i, loss in enumerate([4.0, 2.0, 3.0, 1.0]):
         m.update(loss, now=float(i))
     assert m.loss_avg == 2.0 and m.it_per_s == 1.0 and m.eta(10) == 10.0
+
+
+def test_min_snr_weight_at_zero_snr_is_one_not_nan():
+    snr = torch.tensor([0.0, 2.0, 10.0])
+    assert torch.equal(min_snr_weights(snr, 5.0, "epsilon"), torch.tensor([1.0, 1.0, 0.5]))
+    assert torch.allclose(min_snr_weights(snr, 5.0, "v_prediction"),
+                          torch.tensor([0.0, 2.0 / 3.0, 5.0 / 11.0]))

@@ -59,21 +59,6 @@ def missing_class_images(cfg: TrainConfig) -> tuple[Path, str, list[int]]:
     return folder, prompt, indices[:max(0, short)]
 
 
-def _pipeline(model: Any, cfg: TrainConfig, device: str):
-    import diffusers
-    from diffusers import StableDiffusionPipeline
-
-    from trainer.sampling import SAMPLERS
-
-    scheduler_cls = getattr(diffusers, SAMPLERS[cfg.sampling.sample_sampler])
-    pipe = StableDiffusionPipeline(
-        vae=model.vae, text_encoder=model.text_encoder, tokenizer=model.tokenizer,
-        unet=model.unet, scheduler=scheduler_cls.from_config(model.noise_scheduler.config),
-        safety_checker=None, feature_extractor=None, requires_safety_checker=False)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe.to(device)
-
-
 def ensure_class_images(cfg: TrainConfig, model: Any, info: Any, precision: str,
                         out: Any, batch_size: int = 1) -> int:
     """Generate the missing class images; returns how many were written.
@@ -89,7 +74,10 @@ def ensure_class_images(cfg: TrainConfig, model: Any, info: Any, precision: str,
         return 0
     out.log(f"{STAGE}: {len(todo)} of {cfg.dataset.num_class_images} into {folder} "
             f"(prompt {prompt!r})")
-    pipe, sm, size = _pipeline(model, cfg, info.torch_device), cfg.sampling, cfg.dataset.resolution
+    from trainer.sampling import inference_pipeline
+
+    pipe = inference_pipeline(model, cfg).to(info.torch_device)
+    sm, size = cfg.sampling, cfg.dataset.resolution
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
     autocast = torch.autocast(info.torch_device.split(":")[0], dtype=dtype, enabled=dtype
                               is not None)

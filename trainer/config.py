@@ -394,7 +394,7 @@ def _mode_checks(cfg: TrainConfig) -> None:
     if cfg.mode == "textual_inversion":
         if not net.token_string or not net.token_string.strip():
             raise ValueError("network.token_string is required in textual_inversion mode")
-        if net.token_string != net.token_string.strip() or " " in net.token_string:
+        if any(c.isspace() for c in net.token_string):
             raise ValueError(f"network.token_string = {net.token_string!r}: one word without "
                              f"spaces, e.g. '<my-cat>'")
         if ds.reg_data_dir is not None:

@@ -47,10 +47,10 @@ def min_snr_weights(snr_t: torch.Tensor, gamma: float, prediction_type: str) -> 
     weight = min(SNR, gamma) / SNR for epsilon targets; for v targets the denominator is SNR + 1.
     ``snr_t`` comes from diffusers' ``training_utils.compute_snr``.
     """
-    clipped = torch.clamp(snr_t, max=gamma)
     if prediction_type == "v_prediction":
-        return clipped / (snr_t + 1.0)
-    return clipped / snr_t
+        return torch.clamp(snr_t, max=gamma) / (snr_t + 1.0)
+    # min(SNR, gamma) / SNR written so that SNR = 0 (zero terminal SNR) gives 1, not 0/0
+    return torch.clamp(gamma / snr_t, max=1.0)
 
 
 def diffusion_loss(

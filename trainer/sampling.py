@@ -1,9 +1,15 @@
-"""Sample images during training, from the model being trained, through a diffusers pipeline."""
+"""Sample images during training, from the model being trained, through a diffusers pipeline.
+
+:func:`inference_pipeline` builds the family's pipeline (StableDiffusionPipeline, or
+StableDiffusionXLPipeline for SDXL) around the modules being trained, with the sampler the
+config names on the training noise schedule (so a zero-terminal-SNR run samples on the same
+schedule); class-image generation uses it too.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -17,22 +23,32 @@ SAMPLERS = {
 }
 
 
+def inference_pipeline(model: Any, cfg: TrainConfig, unet: Optional[Any] = None):
+    """A pipeline over ``model``'s modules (``unet`` replaces the model's, e.g. unwrapped)."""
+    import diffusers
+
+    config = dict(model.noise_scheduler.config)
+    if config.get("rescale_betas_zero_snr"):
+        config["timestep_spacing"] = "trailing"  # Lin et al. 2024, section 3.3
+    scheduler = getattr(diffusers, SAMPLERS[cfg.sampling.sample_sampler]).from_config(config)
+    parts = {"vae": model.vae, "text_encoder": model.text_encoder, "tokenizer": model.tokenizer,
+             "unet": unet if unet is not None else model.unet, "scheduler": scheduler}
+    if model.version == "sdxl":
+        pipe = diffusers.StableDiffusionXLPipeline(
+            **parts, text_encoder_2=model.text_encoder_2, tokenizer_2=model.tokenizer_2)
+    else:
+        pipe = diffusers.StableDiffusionPipeline(
+            **parts, safety_checker=None, feature_extractor=None, requires_safety_checker=False)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
 def make_samples(model: Any, cfg: TrainConfig, step: int, accelerator: Any) -> list[Path]:
     """One image per prompt into ``<output_dir>/sample/``; returns their paths."""
-    import diffusers
-    from diffusers import StableDiffusionPipeline
-
     sm = cfg.sampling
-    scheduler_cls = getattr(diffusers, SAMPLERS[sm.sample_sampler])
     vae_device = model.vae.device
     model.vae.to(accelerator.device)
-    pipe = StableDiffusionPipeline(
-        vae=model.vae, text_encoder=model.text_encoder, tokenizer=model.tokenizer,
-        unet=accelerator.unwrap_model(model.unet),
-        scheduler=scheduler_cls.from_config(model.noise_scheduler.config),
-        safety_checker=None, feature_extractor=None, requires_safety_checker=False,
-    )
-    pipe.set_progress_bar_config(disable=True)
+    pipe = inference_pipeline(model, cfg, unet=accelerator.unwrap_model(model.unet))
     out_dir = Path(cfg.saving.output_dir) / "sample"
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []

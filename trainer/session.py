@@ -89,6 +89,7 @@ def prepare(s: Session, out: Reporter) -> None:
     out.log(f"Base model: {s.model.source} ({s.model.version}, {s.model.prediction_type})")
     if ensure_class_images(s.cfg, s.model, s.device_info, s.precision, out):
         s.data = prepare_dataset(s.cfg, warn=lambda m: out.log(m, "warning"))
+    _noise_schedule(s, out)
     s.accelerator = _accelerator(s.cfg, s.device_info, s.precision)
     groups = _place_and_inject(s)
     _cache(s, out)
@@ -112,6 +113,21 @@ def _device(s: Session, out: Reporter) -> None:
     if threads:
         out.log(f"CPU training with {threads} thread(s), leaving a core free "
                 f"(set OMP_NUM_THREADS to choose)")
+
+
+def _noise_schedule(s: Session, out: Reporter) -> None:
+    """Zero terminal SNR (Lin et al. 2024, "Common Diffusion Noise Schedules and Sample Steps
+    are Flawed"): the last timestep is pure noise; diffusers' schedulers rescale the betas."""
+    if not s.cfg.training.zero_terminal_snr:
+        return
+    from diffusers import DDPMScheduler
+
+    s.model.noise_scheduler = DDPMScheduler.from_config(s.model.noise_scheduler.config,
+                                                        rescale_betas_zero_snr=True)
+    if s.model.prediction_type != "v_prediction":
+        out.log("training.zero_terminal_snr with an epsilon-prediction model: at the last "
+                "timestep there is no noise to predict; the paper pairs it with v-prediction "
+                "(set model.prediction_type = 'v_prediction' for a v model)", "warning")
 
 
 def _accelerator(cfg: TrainConfig, info: Any, precision: str):

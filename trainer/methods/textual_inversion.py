@@ -68,51 +68,73 @@ def init_rows(tokenizer: Any, weight: torch.Tensor, init_word: Optional[str],
     return torch.stack([weight[ids[i % len(ids)]].detach().float() for i in range(num_vectors)])
 
 
-class TextualInversionMethod(MethodBase):
-    def __init__(self, cfg: TrainConfig):
-        super().__init__(cfg)
-        self.trains_text_encoder = True  # the gradient flows through it to the embeddings
-        self.token_ids: list[int] = []
-        self._original: Optional[torch.Tensor] = None
-        self._keep: Optional[torch.Tensor] = None
+class _Table:
+    """The input-embedding matrix of one text encoder: the new rows, and a copy of the rest."""
 
-    def prepare(self, model: Any) -> list[dict[str, Any]]:
-        net = self.cfg.network
-        names = token_names(net.token_string, net.num_vectors_per_token)
-        tokenizer, encoder = model.tokenizer, model.text_encoder
-        taken = known_tokens(tokenizer, names)
-        if taken:
-            raise TokenError(f"network.token_string = {net.token_string!r}: the tokenizer "
-                             f"already knows {', '.join(taken)}; choose a new word such as "
-                             f"'<my-{net.token_string.strip('<>').lower()}>'")
-        # from the vocabulary as it was, before the new rows exist: the init word's tokens (it
-        # may not name the new token itself) or the mean of the existing rows
+    def __init__(self, name: str, encoder: Any, tokenizer: Any, names: list[str], net: Any):
         start = init_rows(tokenizer, encoder.get_input_embeddings().weight, net.init_word,
-                          len(names))
+                          len(names))  # from the vocabulary as it was, before the new rows
         tokenizer.add_tokens(names)
         check_read_back(tokenizer, net.token_string, names)
-        self.token_ids = tokenizer.convert_tokens_to_ids(names)
+        self.name, self.token_ids = name, tokenizer.convert_tokens_to_ids(names)
         encoder.resize_token_embeddings(len(tokenizer), mean_resizing=False)
         weight = encoder.get_input_embeddings().weight
         with torch.no_grad():
             weight[self.token_ids] = start.to(weight.device, weight.dtype)
-        for module in (model.unet, encoder, model.vae):
+        self.original = weight.detach().clone()
+        self.keep = torch.ones(weight.shape[0], dtype=torch.bool, device=weight.device)
+        self.keep[self.token_ids] = False
+
+    def weight(self, model: Any) -> torch.nn.Parameter:
+        return getattr(model, self.name).get_input_embeddings().weight
+
+    def restore(self, model: Any) -> None:
+        weight = self.weight(model)
+        with torch.no_grad():
+            weight[self.keep] = self.original[self.keep].to(weight.dtype)
+
+
+class TextualInversionMethod(MethodBase):
+    """SD 1.x/2.x: one table; SDXL: the token is learnt in both text encoders."""
+
+    def __init__(self, cfg: TrainConfig):
+        super().__init__(cfg)
+        self.trains_text_encoder = True  # the gradient flows through it to the embeddings
+        self.tables: list[_Table] = []
+
+    def prepare(self, model: Any) -> list[dict[str, Any]]:
+        from trainer.models.conditioning import family_of
+
+        net = self.cfg.network
+        names = token_names(net.token_string, net.num_vectors_per_token)
+        encoders = family_of(model).text_encoders(model)
+        for _, _, tokenizer in encoders:
+            taken = known_tokens(tokenizer, names)
+            if taken:
+                raise TokenError(f"network.token_string = {net.token_string!r}: the tokenizer "
+                                 f"already knows {', '.join(taken)}; choose a new word such "
+                                 f"as '<my-{net.token_string.strip('<>').lower()}>'")
+        self.tables = [_Table(name, enc, tok, names, net) for name, enc, tok in encoders]
+        for module in (model.unet, model.vae, *(enc for _, enc, _ in encoders)):
             module.requires_grad_(False)
-        weight.requires_grad_(True)
-        self._original = weight.detach().clone()
-        self._keep = torch.ones(weight.shape[0], dtype=torch.bool, device=weight.device)
-        self._keep[self.token_ids] = False
-        return [{"params": [weight], "lr": self.cfg.optimizer.learning_rate,
+        weights = [table.weight(model) for table in self.tables]
+        for weight in weights:
+            weight.requires_grad_(True)
+        return [{"params": weights, "lr": self.cfg.optimizer.learning_rate,
                  "name": "embeddings"}]
 
-    def embeddings(self, model: Any) -> torch.Tensor:
-        """The trained vectors [num_vectors, dim]."""
-        return model.text_encoder.get_input_embeddings().weight[self.token_ids]
+    @property
+    def token_ids(self) -> list[int]:
+        """The new tokens' ids in the (first) tokenizer."""
+        return self.tables[0].token_ids
+
+    def embeddings(self, model: Any) -> list[torch.Tensor]:
+        """The trained vectors [num_vectors, dim] of each text encoder."""
+        return [t.weight(model)[t.token_ids] for t in self.tables]
 
     def after_step(self, model: Any, step: int) -> Optional[str]:
-        weight = model.text_encoder.get_input_embeddings().weight
-        with torch.no_grad():
-            weight[self._keep] = self._original[self._keep].to(weight.dtype)
+        for table in self.tables:
+            table.restore(model)
         return None
 
     def save(self, path: Path, model: Any, facts: Any, final: bool = True) -> Path:
@@ -129,5 +151,7 @@ class TextualInversionMethod(MethodBase):
             "ss_epoch": str(facts.epoch),
             "ss_sd_model_name": Path(model.source).name,
         }
-        return save_embedding(path, self.embeddings(model), cfg=self.cfg, facts=facts,
-                              dtype=self.save_dtype, extra=extra)
+        vectors = self.embeddings(model)
+        return save_embedding(path, vectors[0], vectors_g=vectors[1] if len(vectors) > 1
+                              else None, cfg=self.cfg, facts=facts, dtype=self.save_dtype,
+                              extra=extra)
