@@ -236,6 +236,7 @@ def _ss_training(cfg: Any, facts: RunFacts) -> dict[str, Any]:
         "ss_full_bf16": tr.full_bf16,
         "ss_seed": tr.seed,
         "ss_noise_offset": tr.noise_offset,
+        "ss_zero_terminal_snr": tr.zero_terminal_snr,
         "ss_min_snr_gamma": tr.min_snr_gamma,
         "ss_prior_loss_weight": tr.prior_loss_weight,
         "ss_training_comment": facts.training_comment,
