@@ -22,6 +22,7 @@ CSS = """
           border-radius: 4px; min-height: 120px; }
 .ks-line:first-child { font-weight: bold; }
 .ks-status { font-size: 1.1em; font-weight: bold; margin-bottom: 4px; }
+.ks-preparing { margin-bottom: 4px; }
 .ks-failed { color: var(--error-text-color, #c00); }
 .ks-bar { width: 85%; height: 14px; vertical-align: middle; }
 .ks-pct { margin-left: 8px; }

@@ -74,10 +74,19 @@ def status_line(snap: dict[str, Any]) -> str:
     return words
 
 
+def preparing_line(snap: dict[str, Any]) -> str:
+    """The work before training (e.g. "Generating class images 3/10"), or ""."""
+    prep = snap.get("preparing")
+    return f"{prep['stage']} {prep['done']}/{prep['total']}" if prep else ""
+
+
 def progress_html(snap: dict[str, Any]) -> str:
-    """Status, a progress bar, step/total, epoch, it/s, ETA and the learning rate."""
+    """Status, a progress bar, step/total, epoch, it/s, ETA and the learning rate; before the
+    first step, the bar follows the preparation (class images) and a line names it."""
     step, total = snap.get("step", 0), snap.get("total", 0)
-    pct = 100.0 * step / total if total else 0.0
+    prep, preparing = snap.get("preparing"), preparing_line(snap)
+    done, of = (prep["done"], prep["total"]) if prep else (step, total)
+    pct = 100.0 * done / of if of else 0.0
     lr = snap.get("lr")
     rate = snap.get("it_per_s")
     cells = [
@@ -92,13 +101,14 @@ def progress_html(snap: dict[str, Any]) -> str:
     parts = [
         f'<div class="ks-status ks-{html.escape(status)}" data-status="{html.escape(status)}">'
         f"{html.escape(status_line(snap))}</div>",
-        f'<progress class="ks-bar" max="{max(total, 1)}" value="{step}"></progress>'
+        f'<div class="ks-preparing">{html.escape(preparing)}</div>' if preparing else "",
+        f'<progress class="ks-bar" max="{max(of, 1)}" value="{done}"></progress>'
         f'<span class="ks-pct">{pct:.0f}%</span>',
         '<div class="ks-cells">' + "".join(
             f'<span class="ks-cell" data-key="{html.escape(k)}"><b>{html.escape(k)}</b> '
             f"{html.escape(v)}</span>" for k, v in cells) + "</div>",
     ]
-    return "\n".join(parts)
+    return "\n".join(part for part in parts if part)
 
 
 def log_html(snap: dict[str, Any], lines: int = 60) -> str:

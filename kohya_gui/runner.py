@@ -30,6 +30,7 @@ from trainer.events import (
     EventSink,
     Finished,
     Log,
+    Progress,
     Sample,
     Started,
     Step,
@@ -92,6 +93,8 @@ class JobState:
         self.samples: list[dict[str, Any]] = []
         self.checkpoints: list[str] = []
         self.started: dict[str, Any] = {}
+        self.preparing: dict[str, Any] | None = None  # the latest Progress until Started
+        self._progress_noted: tuple[str, int] | None = None  # (stage, tenth) last logged
         self.stop_requested = False
         self.started_at, self.ended_at = time.time(), None
 
@@ -105,6 +108,8 @@ class JobState:
         elif isinstance(event, Log):
             prefix = "" if event.level == "info" else f"[{event.level}] "
             self.note(prefix + event.message, event.time)
+        elif isinstance(event, Progress):
+            self._progress(event)
         elif isinstance(event, Started):
             self._started(event)
         elif isinstance(event, Sample):
@@ -115,7 +120,19 @@ class JobState:
         elif isinstance(event, Finished):
             self.finish(event)
 
+    def _progress(self, event: Progress) -> None:
+        """Keep the latest; log a line when a stage starts, at each tenth and at its end
+        (a few lines, not one per event)."""
+        self.preparing = {"stage": event.stage, "done": event.done, "total": event.total}
+        tenth = 10 * event.done // event.total if event.total > 0 else 0
+        last = self._progress_noted
+        if (last is None or last[0] != event.stage or tenth > last[1]
+                or event.done >= event.total):
+            self._progress_noted = (event.stage, tenth)
+            self.note(f"{event.stage}: {event.done}/{event.total}")
+
     def _started(self, event: Started) -> None:
+        self.preparing = None
         self.started = {k: getattr(event, k) for k in event.__dataclass_fields__}
         self.total, self.epochs = event.total_steps, event.epochs
         self.note(f"training {event.total_steps} steps ({event.epochs} epochs x "
@@ -153,6 +170,7 @@ class JobState:
             "config_path": self.config_path, "output_dir": self.output_dir,
             "samples": [dict(s) for s in self.samples], "checkpoints": list(self.checkpoints),
             "started": dict(self.started), "stop_requested": self.stop_requested,
+            "preparing": dict(self.preparing) if self.preparing else None,
             "elapsed_s": round(end - self.started_at, 1),
         }
 
@@ -171,7 +189,7 @@ IDLE = {"status": "idle", "job_id": None, "label": None, "step": 0, "total": 0, 
         "epochs": 0, "loss": [], "smoothed": [], "lr": None, "it_per_s": None, "eta_s": None,
         "log": [], "output_path": None, "error": None, "config_path": None, "output_dir": None,
         "samples": [], "checkpoints": [], "started": {}, "stop_requested": False,
-        "elapsed_s": 0.0}
+        "preparing": None, "elapsed_s": 0.0}
 
 
 class QueueFull(RuntimeError):

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from trainer.events import Checkpoint, Control, Finished, Log, Started, Step
+from trainer.events import Checkpoint, Control, Finished, Log, Progress, Started, Step
 
 PROJECT = Path(__file__).resolve().parent.parent
 DEFAULT_PRESET = PROJECT / "presets" / "lora" / "default.toml"
@@ -28,6 +28,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 ARTIFACTS = PROJECT / "tests" / "artifacts"
 # The real trainer on the default preset, cut short so that the suite stays fast.
 QUICK_STEPS = 6
+CLASS_IMAGES = "Generating class images"  # trainer.class_images.STAGE, without torch
 
 
 @pytest.fixture(scope="session")
@@ -67,14 +68,17 @@ def free_port() -> int:
 
 
 def fake_run(steps: int = 12, delay: float = 0.0, fail: str | None = None,
-             gate: threading.Event | None = None) -> Callable[..., Finished]:
-    """A stand-in for trainer.loop.run: Started, Step per step, a Checkpoint, Finished."""
+             gate: threading.Event | None = None, prepare: int = 0) -> Callable[..., Finished]:
+    """A stand-in for trainer.loop.run: ``prepare`` Progress events (class images, one each),
+    then (after ``gate``) Started, Step per step, a Checkpoint, Finished."""
     calls: list[Any] = []
 
     def run(cfg, sink, control: Control) -> Finished:
         calls.append(cfg)
         out = Path(cfg.saving.output_dir)
         sink.emit(Log("fake trainer starting"))
+        for done in range(1, prepare + 1):
+            sink.emit(Progress(CLASS_IMAGES, done, prepare))
         if gate is not None:
             gate.wait(30)
         sink.emit(Started(total_steps=steps, epochs=2, steps_per_epoch=steps // 2, num_images=3,

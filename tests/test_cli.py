@@ -39,3 +39,25 @@ def test_8bit_optimizers_name_the_alternative_where_unsupported():
         make_optimizer(OptimizerSection(optimizer_type="AdamW8bit"), [{"params": [param]}], "mps")
     with pytest.raises(OptimizerError, match="use 'Lion'"):
         make_optimizer(OptimizerSection(optimizer_type="Lion8bit"), [{"params": [param]}], "mps")
+
+
+def test_console_shows_the_class_images_bar_then_the_steps(capsys):
+    from trainer.cli import ConsoleSink
+    from trainer.events import Finished, Log, Progress, Started, Step
+
+    sink = ConsoleSink()
+    sink.emit(Log("Generating class images: 10 of 10 into /tmp/reg/1_dog"))
+    for done in (4, 8, 10):
+        sink.emit(Progress("Generating class images", done, 10))
+    sink.emit(Started(total_steps=2, epochs=1, steps_per_epoch=2, num_images=2,
+                      num_repeated_images=2, batch_size=1, gradient_accumulation_steps=1,
+                      buckets={"64x64": 2}, device="CPU", mixed_precision="no",
+                      output_dir="/tmp/out"))
+    for step in (1, 2):
+        sink.emit(Step(step, 2, 1, 0.5, 0.5, 1e-4, 2.0, 0.0))
+    sink.emit(Finished("finished", 2, output_path="/tmp/out/x.safetensors"))
+    out, err = capsys.readouterr()
+    assert "Generating class images: 10 of 10" in out
+    assert "finished at step 2: /tmp/out/x.safetensors" in out
+    assert "Generating class images: 100%" in err and "10/10" in err  # its own bar, closed
+    assert "2/2" in err and err.index("10/10") < err.index("2/2")  # then the steps' bar

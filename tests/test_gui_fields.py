@@ -64,7 +64,8 @@ def other_value(spec: FieldSpec) -> Any:
 
 
 COMPANIONS = {"network.conv_alpha": {"network.conv_dim": 4},
-              "dataset.num_class_images": {"dataset.reg_data_dir": "/tmp/class-images"}}
+              "dataset.num_class_images": {"dataset.reg_data_dir": "/tmp/class-images"},
+              "network.train_unet": {"network.train_text_encoder": True}}  # else nothing trains
 
 
 def test_every_field_has_its_component_in_its_modes(tabs):
@@ -210,6 +211,36 @@ def test_every_mode_trains_and_a_bad_mode_config_is_refused_by_field(tabs):
                          built["textual_inversion"].form.defaults(), runner, True)
     assert "network.token_string" in bad
     assert run.calls == []
+
+
+def test_no_tab_says_its_mode_cannot_train_and_a_future_one_would(tabs):
+    built, runner, run = tabs
+    root = built["lora"].parts["train"]
+    while root.parent is not None:
+        root = root.parent
+    texts = [str(b.value) for b in root.blocks.values() if isinstance(b, gr.Markdown)]
+    assert texts and not [t for t in texts if "not available" in t or "LoRA tab" in t]
+    form = built["dreambooth"].form
+    message = mode_tab.train(form, base_values(form), runner, available=False)
+    assert message.startswith("**DreamBooth training is not available yet.**")
+    assert "LoRA tab" not in message and run.calls == []
+
+
+def test_new_settings_show_only_in_their_modes_tabs(tabs):
+    built = tabs[0]
+    where = {path: {m for m, tab in built.items() if path in tab.form.components}
+             for path in ("dataset.num_class_images", "dataset.class_prompt",
+                          "network.stop_text_encoder_training", "network.caption_templates",
+                          "saving.intermediate_diffusers", "model.tokenizer", "model.config_dir",
+                          "model.cache_as_diffusers")}
+    assert where == {
+        "dataset.num_class_images": {"lora", "dreambooth"},
+        "dataset.class_prompt": {"lora", "dreambooth"},
+        "network.stop_text_encoder_training": {"lora", "dreambooth"},
+        "network.caption_templates": {"textual_inversion"},
+        "saving.intermediate_diffusers": {"dreambooth"},
+        "model.tokenizer": set(MODES), "model.config_dir": set(MODES),
+        "model.cache_as_diffusers": set(MODES)}
 
 
 def test_tab_availability_matches_the_trainer():

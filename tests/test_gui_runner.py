@@ -7,6 +7,7 @@ import threading
 
 import pytest
 from gui_helpers import (  # noqa: F401
+    CLASS_IMAGES,
     DEFAULT_PRESET,
     QUICK_STEPS,
     fake_run,
@@ -20,7 +21,7 @@ from kohya_gui import progress
 from kohya_gui.runner import JobState, QueueFull, Runner, smooth
 from trainer import config_io
 from trainer.config import TrainConfig
-from trainer.events import Step
+from trainer.events import Progress, Started, Step
 
 
 def cfg_in(tmp_path, name: str = "job") -> TrainConfig:
@@ -137,6 +138,51 @@ def test_failures_are_reported_in_plain_words(runners, tmp_path):
     assert unwritable.wait_idle(10)
     snap = unwritable.snapshot()
     assert snap["status"] == "failed" and "cannot write the config" in snap["error"]
+
+
+def test_class_images_progress_shows_until_training_starts(runners, tmp_path):
+    gate = threading.Event()
+    runner = runners(fake_run(steps=4, gate=gate, prepare=25))
+    runner.submit(cfg_in(tmp_path))
+    wait_for(lambda: (runner.snapshot()["preparing"] or {}).get("done") == 25)
+    snap = runner.snapshot()
+    assert snap["status"] == "running" and snap["step"] == snap["total"] == 0
+    assert snap["preparing"] == {"stage": CLASS_IMAGES, "done": 25, "total": 25}
+    html = progress.progress_html(snap)
+    assert "Generating class images 25/25" in html and 'max="25" value="25"' in html
+    noted = [line for line in snap["log"] if CLASS_IMAGES in line]
+    assert 2 <= len(noted) <= 11, noted  # now and then, not one line per image
+    assert noted[0].endswith(f"{CLASS_IMAGES}: 1/25")
+    assert noted[-1].endswith(f"{CLASS_IMAGES}: 25/25")
+    gate.set()
+    assert runner.wait_idle(10)
+    snap = runner.snapshot()
+    assert snap["status"] == "finished" and snap["preparing"] is None
+    assert "Generating class images" not in progress.progress_html(snap)
+
+
+def test_a_preparation_stage_in_the_progress_line(tmp_path):
+    from kohya_gui.runner import IDLE, Job
+
+    assert IDLE["preparing"] is None
+    state = JobState(Job("job-1", cfg_in(tmp_path), "dreambooth: job"))
+    for done in range(1, 1001):
+        state.apply(Progress(CLASS_IMAGES, done, 1000))
+        if done == 3:
+            three = {**state.to_dict(), "queue": [], "history": [], "version": 1}
+    assert "Generating class images 3/1000" in progress.progress_html(three)
+    assert 'max="1000" value="3"' in progress.progress_html(three)
+    assert len(state.log) == 11  # the first event, each tenth: 1, 100, 200, ..., 1000
+    state.apply(Progress("Caching latents", 1, 2))  # a new stage gets its own first line
+    assert state.log[-1].endswith("Caching latents: 1/2")
+    state.apply(Started(total_steps=8, epochs=1, steps_per_epoch=8, num_images=2,
+                        num_repeated_images=4, batch_size=1, gradient_accumulation_steps=1,
+                        buckets={"64x64": 4}, device="CPU", mixed_precision="no",
+                        output_dir=str(tmp_path)))
+    snap = {**state.to_dict(), "queue": [], "history": [], "version": 2}
+    assert snap["preparing"] is None and progress.preparing_line(snap) == ""
+    html = progress.progress_html(snap)
+    assert "0 / 8" in html and 'max="8" value="0"' in html
 
 
 def test_smoothing_is_a_debiased_moving_average():

@@ -1,7 +1,8 @@
 """What every mode tab shares: presets, config files, the generated form, Check dataset, Train.
 
 A mode tab module (lora.py, dreambooth.py, textual_inversion.py) only says which mode it is, the
-order of its sections and whether its mode can be trained yet. Handlers receive the form as
+order of its sections and whether its mode can be trained (all three can; a future mode may
+start as editable settings only, and then says so). Handlers receive the form as
 ``{component: value}`` (the form's components as an input set) and pass it through
 ``Form.config`` - the one validation path - so a bad value is reported naming its field and no
 job is queued.
@@ -40,7 +41,7 @@ def problems_markdown(exc: config_io.ConfigError, intro: str) -> str:
 def not_available_message(mode: str) -> str:
     title = MODE_TITLES.get(mode, mode)
     return (f"**{title} training is not available yet.** The settings are valid; save them "
-            f"as a preset or a config file. Training runs from the LoRA tab for now.")
+            f"as a preset or a config file.")
 
 
 def _initial_preset(mode: str) -> tuple[str | None, TrainConfig | None, str]:
