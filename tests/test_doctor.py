@@ -254,3 +254,25 @@ def test_rocm_torch_without_usable_gpu(rocm_installed, fix):
     [finding] = diagnose(make_info("cpu", hip_version="6.4.43482"), OK, facts)
     assert "is a ROCm build (HIP 6.4.43482)" in finding.problem
     assert fix in finding.fix
+
+
+def test_lists_the_families_a_single_file_loads_offline(capsys, tmp_path, monkeypatch):
+    """Configs ship with the studio; the tokenizer in the Hugging Face cache decides."""
+    import huggingface_hub.constants
+
+    from trainer.models.tiny import write_tokenizer_files
+    from trainer.models.tokenizers import CLIP_L, FETCH
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    code, out = run_main(capsys, fake_probes())
+    assert code == 0 and "Single .safetensors/.ckpt files load offline" in out
+    for label in ("SD 1.x", "SD 2.x", "SDXL"):
+        assert f"    {label:<18}tokenizer not found: {FETCH}\n" in out
+    repo = tmp_path / ("models--" + CLIP_L.replace("/", "--"))
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("a" * 40)
+    write_tokenizer_files(repo / "snapshots" / ("a" * 40))
+    code, out = run_main(capsys, fake_probes())
+    for label in ("SD 1.x", "SD 2.x", "SDXL"):
+        assert f"    {label:<18}ready, tokenizer from the Hugging Face cache ({CLIP_L})\n" in out
+    assert out.rstrip().endswith("Result: the device works.")

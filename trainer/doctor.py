@@ -11,6 +11,9 @@ mismatches people hit most, each as a sentence plus what to do:
 4. an Intel GPU runtime is present but torch has no XPU support (``./setup.sh --use-ipex``);
 5. a ROCm build of torch where no AMD GPU is usable.
 
+Last, per family, whether a single checkpoint file loads offline: its CLIP tokenizer in the
+Hugging Face cache, or the command that fetches it (:mod:`trainer.models.tokenizers`).
+
 Every look at the system goes through :class:`Probes`, so tests can simulate each machine.
 Torch itself is only asked through :func:`trainer.device.detect`.
 """
@@ -103,6 +106,7 @@ class Report:
     matmul: MatmulResult
     facts: SystemFacts
     findings: tuple[Finding, ...]
+    models: tuple[tuple[str, str], ...] = ()  # (family, can a single file of it load offline)
 
     @property
     def usable(self) -> bool:
@@ -316,7 +320,10 @@ def build_report(probes: Optional[Probes] = None, torch_module: Any = None) -> R
     info = detect(torch_module)
     matmul = run_matmul(info, torch_module)
     facts = gather_facts(probes or Probes())
-    return Report(info, matmul, facts, tuple(diagnose(info, matmul, facts)))
+    from trainer.models.tokenizers import cache_report
+
+    return Report(info, matmul, facts, tuple(diagnose(info, matmul, facts)),
+                  tuple(cache_report()))
 
 
 def render(report: Report) -> str:
@@ -339,6 +346,9 @@ def render(report: Report) -> str:
         ("Intel GPU", facts.intel_gpu or "none"),
     ]
     lines = ["kohya-studio doctor", ""] + [f"  {k:<20}{v}" for k, v in rows] + [""]
+    if report.models:
+        lines += ["  Single .safetensors/.ckpt files load offline with the built-in configs and a "
+                  "tokenizer:"] + [f"    {k:<18}{v}" for k, v in report.models] + [""]
     for finding in report.findings:
         lines.append(_wrap(f"[{finding.level}] {finding.problem}", "  ", "    "))
         lines.append(_wrap(f"-> {finding.fix}", "    ", "       "))

@@ -2,6 +2,15 @@
 
 Every source ends in the same :class:`BaseModel` of diffusers/transformers modules, so the loop
 and the methods never care where the weights came from.
+
+A single ``.safetensors``/``.ckpt`` file loads with no network access: its family is read from
+the header (:mod:`trainer.models.families`), its configs are the family's built-in ones or
+``model.config_dir``, its weights go through diffusers' converters one component at a time
+(:mod:`trainer.models.single_file`) and its tokenizer is looked up locally
+(:mod:`trainer.models.tokenizers`). With ``model.cache_as_diffusers`` the result is kept as a
+diffusers folder under the studio's data folder, keyed by the file's identity and the settings
+that shape the result, and loaded from there next time; by default nothing is written.
+SDXL loads only with ``allow_sdxl=True``: the loop refuses it until it can train it.
 """
 
 from __future__ import annotations
@@ -13,11 +22,14 @@ from pathlib import Path
 from typing import Any, Optional
 
 from trainer.config import EMBEDDED_MODEL, ModelSection
+from trainer.models import families, single_file, tokenizers
+from trainer.models.families import FAMILIES, Family, ModelLoadError
 from trainer.paths import data_home
 
-
-class ModelLoadError(ValueError):
-    """A base model that cannot be loaded; the message names the setting and the file."""
+__all__ = ["BaseModel", "ModelLoadError", "load_base_model", "resolve_model_path",
+           "text_embeddings"]
+FIELD = "model.pretrained_model_name_or_path"
+CACHE_INFO = "single_file.json"
 
 
 @dataclass
@@ -31,6 +43,9 @@ class BaseModel:
     prediction_type: str  # "epsilon" | "v_prediction"
     source: str
     name: str
+    text_encoder_2: Any = None  # SDXL's OpenCLIP bigG (CLIPTextModelWithProjection)
+    tokenizer_2: Any = None
+    description: str = ""  # for people: "SD 2.x, v-prediction, 768 (...)"
 
     @property
     def vae_id(self) -> str:
@@ -51,100 +66,282 @@ def resolve_model_path(value: str) -> Path:
         return ensure_tiny_model(data_home() / "embedded" / "tiny-sd15")
     if value.startswith("embedded:"):
         raise ModelLoadError(
-            f"model.pretrained_model_name_or_path = {value!r}: unknown embedded model; "
-            f"the embedded model is {EMBEDDED_MODEL!r}"
+            f"{FIELD} = {value!r}: unknown embedded model; the embedded model is "
+            f"{EMBEDDED_MODEL!r}"
         )
     return Path(value).expanduser()
 
 
-def load_base_model(section: ModelSection) -> BaseModel:
+def load_base_model(section: ModelSection, *, allow_sdxl: bool = False) -> BaseModel:
+    """The base model that ``section`` names; SDXL only with ``allow_sdxl``."""
     path = resolve_model_path(section.pretrained_model_name_or_path)
-    field = "model.pretrained_model_name_or_path"
     if not path.exists():
         raise ModelLoadError(
-            f"{field} = {str(path)!r}: no such file or folder; point it at a diffusers folder "
+            f"{FIELD} = {str(path)!r}: no such file or folder; point it at a diffusers folder "
             f"(with model_index.json) or a .safetensors/.ckpt checkpoint"
         )
     if path.is_dir():
-        parts = _load_folder(path, field)
-    elif path.suffix.lower() in (".safetensors", ".ckpt"):
-        parts = _load_single_file(path, field)
-    else:
-        raise ModelLoadError(f"{field} = {str(path)!r}: not a diffusers folder nor a "
-                             f".safetensors/.ckpt file")
-    if section.vae:
-        parts["vae"] = _load_vae(Path(section.vae).expanduser())
-    version = _detect_version(parts, section.model_version)
-    prediction = section.prediction_type or parts["noise_scheduler"].config.prediction_type
-    return BaseModel(**parts, version=version, prediction_type=prediction, source=str(path),
-                     name=path.stem if path.is_file() else path.name)
+        return _from_folder(path, section, allow_sdxl)
+    if path.suffix.lower() in (".safetensors", ".ckpt"):
+        cached = _cache_folder(path, section) if section.cache_as_diffusers else None
+        if cached is not None and (cached / CACHE_INFO).is_file():
+            return _from_cache(cached, path, section, allow_sdxl)
+        model = _from_single_file(path, section, allow_sdxl)
+        if cached is not None:
+            _save_cache(model, cached)
+        return model
+    raise ModelLoadError(f"{FIELD} = {str(path)!r}: not a diffusers folder nor a "
+                         f".safetensors/.ckpt file")
 
 
-def _load_folder(path: Path, field: str) -> dict[str, Any]:
-    from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
-    from transformers import CLIPTextModel, CLIPTokenizer
+def _refuse_sdxl(version: str, allow_sdxl: bool, path: Path) -> None:
+    if version == "sdxl" and not allow_sdxl:
+        raise ModelLoadError(f"{FIELD} = {str(path)!r}: SDXL models are not supported yet; "
+                             f"use an SD 1.x or 2.x model")
 
+
+# --- diffusers folders ------------------------------------------------------------------------
+
+
+def _folder_version(path: Path) -> str:
+    """The family of a diffusers folder, from its JSON files (no weights read)."""
     index = path / "model_index.json"
     if not index.is_file():
-        raise ModelLoadError(f"{field} = {str(path)!r}: the folder has no model_index.json; "
+        raise ModelLoadError(f"{FIELD} = {str(path)!r}: the folder has no model_index.json; "
                              f"it must be a diffusers Stable Diffusion folder")
     if "text_encoder_2" in json.loads(index.read_text(encoding="utf-8")):
-        raise ModelLoadError(f"{field} = {str(path)!r}: SDXL models are not supported yet; "
-                             f"use an SD 1.x or 2.x model")
+        return "sdxl"
     try:
-        return {
-            "unet": UNet2DConditionModel.from_pretrained(path, subfolder="unet",
-                                                         local_files_only=True),
-            "vae": AutoencoderKL.from_pretrained(path, subfolder="vae", local_files_only=True),
+        te = json.loads((path / "text_encoder" / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "sd1"  # the component load below names what is missing
+    # OpenCLIP (SD 2.x) is 1024 wide with GELU; CLIP ViT-L (SD 1.x) uses quick_gelu
+    return "sd2" if te.get("hidden_size") == 1024 or te.get("hidden_act") == "gelu" else "sd1"
+
+
+def _check_folder_version(detected: str, requested: str, width: int) -> str:
+    if requested == "auto" or requested == detected:
+        return detected
+    if "sdxl" in (requested, detected) or width in (768, 1024):
+        raise ModelLoadError(f"model.model_version = {requested!r}, but the model looks like "
+                             f"{detected} (text encoder width {width}); set it to auto")
+    return requested  # a model of no standard width (a tiny test model): as the setting says
+
+
+def _load_folder(path: Path, sdxl: bool) -> dict[str, Any]:
+    from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
+    from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
+
+    local = {"local_files_only": True}
+    try:
+        parts = {
+            "unet": UNet2DConditionModel.from_pretrained(path, subfolder="unet", **local),
+            "vae": AutoencoderKL.from_pretrained(path, subfolder="vae", **local),
             "text_encoder": CLIPTextModel.from_pretrained(path, subfolder="text_encoder",
-                                                          local_files_only=True),
-            "tokenizer": CLIPTokenizer.from_pretrained(path, subfolder="tokenizer",
-                                                       local_files_only=True),
+                                                          **local),
+            "tokenizer": CLIPTokenizer.from_pretrained(path, subfolder="tokenizer", **local),
             "noise_scheduler": DDPMScheduler.from_pretrained(path, subfolder="scheduler",
-                                                             local_files_only=True),
+                                                             **local),
         }
+        if sdxl:
+            parts["text_encoder_2"] = CLIPTextModelWithProjection.from_pretrained(
+                path, subfolder="text_encoder_2", **local)
+            parts["tokenizer_2"] = CLIPTokenizer.from_pretrained(path, subfolder="tokenizer_2",
+                                                                 **local)
+        return parts
     except (OSError, ValueError, KeyError) as exc:
-        raise ModelLoadError(f"{field} = {str(path)!r}: cannot load the diffusers folder "
+        raise ModelLoadError(f"{FIELD} = {str(path)!r}: cannot load the diffusers folder "
                              f"({exc})") from None
 
 
-def _load_single_file(path: Path, field: str) -> dict[str, Any]:
-    from diffusers import DDPMScheduler, StableDiffusionPipeline
+def _from_folder(path: Path, section: ModelSection, allow_sdxl: bool) -> BaseModel:
+    detected = _folder_version(path)
+    _refuse_sdxl(detected, allow_sdxl, path)
+    parts = _load_folder(path, detected == "sdxl")
+    if section.vae:
+        parts["vae"] = _load_vae(Path(section.vae).expanduser(), path)
+    width = parts["text_encoder"].config.hidden_size
+    version = _check_folder_version(detected, section.model_version, width)
+    prediction = section.prediction_type or parts["noise_scheduler"].config.prediction_type
+    resolution = families.native_resolution(parts["unet"].config, parts["vae"].config)
+    return BaseModel(**parts, version=version, prediction_type=prediction, source=str(path),
+                     name=path.name,
+                     description=families.describe(FAMILIES[version], prediction, resolution))
 
-    try:
-        pipe = StableDiffusionPipeline.from_single_file(str(path), local_files_only=True)
-    except Exception as exc:  # noqa: BLE001 - diffusers raises many kinds here
-        raise ModelLoadError(
-            f"{field} = {str(path)!r}: cannot load the checkpoint file ({exc}). Offline, "
-            f"diffusers needs the model's configs in the Hugging Face cache; converting the "
-            f"file to a diffusers folder once, where you have internet, also works"
-        ) from None
-    scheduler = DDPMScheduler.from_config(pipe.scheduler.config)
-    return {"unet": pipe.unet, "vae": pipe.vae, "text_encoder": pipe.text_encoder,
-            "tokenizer": pipe.tokenizer, "noise_scheduler": scheduler}
 
-
-def _load_vae(path: Path):
+def _load_vae(path: Path, config_dir: Path):
+    """``model.vae``: a diffusers folder (``vae/`` inside or itself) or a VAE file."""
     from diffusers import AutoencoderKL
 
+    if path.is_file():
+        try:
+            return single_file.load_vae_file(path, config_dir)
+        except ModelLoadError as exc:
+            raise ModelLoadError(f"model.vae = {str(path)!r}: {exc}") from None
     try:
-        if path.is_file():
-            return AutoencoderKL.from_single_file(str(path), local_files_only=True)
         sub = "vae" if (path / "vae").is_dir() else None
         return AutoencoderKL.from_pretrained(path, subfolder=sub, local_files_only=True)
     except Exception as exc:  # noqa: BLE001
         raise ModelLoadError(f"model.vae = {str(path)!r}: cannot load the VAE ({exc})") from None
 
 
-def _detect_version(parts: dict[str, Any], requested: str) -> str:
-    width = parts["text_encoder"].config.hidden_size
-    detected = "sd2" if width == 1024 else "sd1"
-    if requested not in ("auto", detected) and width in (768, 1024):
-        raise ModelLoadError(f"model.model_version = {requested!r}, but the model looks like "
-                             f"{detected} (text encoder width {width}); set it to auto")
-    if requested == "sdxl":
-        raise ModelLoadError("model.model_version = 'sdxl': SDXL is not supported yet")
-    return detected if requested == "auto" else requested
+# --- single checkpoint files ------------------------------------------------------------------
+
+
+def _configs(family: Family, section: ModelSection, evidence: families.Evidence
+             ) -> tuple[Path, str, str]:
+    """(config folder, prediction type, why that prediction type)."""
+    from diffusers import DDPMScheduler
+
+    config_default = None
+    if section.config_dir:
+        config_dir = Path(section.config_dir).expanduser()
+        if not (config_dir / "unet" / "config.json").is_file():
+            raise ModelLoadError(f"model.config_dir = {str(config_dir)!r}: no unet/config.json "
+                                 f"there; it must be a folder of diffusers component configs")
+        try:
+            config = DDPMScheduler.load_config(str(config_dir), subfolder="scheduler")
+            config_default = config.get("prediction_type")
+        except OSError:
+            pass
+    prediction, why = families.choose_prediction(family, section.prediction_type, evidence,
+                                                 config_default)
+    if not section.config_dir:
+        config_dir = family.config_dir(prediction)
+    return config_dir, prediction, why
+
+
+def _tokenizers(family: Family, section: ModelSection, path: Path) -> dict[str, Any]:
+    out = {}
+    for slot in family.encoders:
+        found = tokenizers.locate(family, slot, section.tokenizer, path)
+        out[slot.tokenizer] = tokenizers.load(found, slot.pad_token)
+    return out
+
+
+def _scheduler(config_dir: Path, family: Family, prediction: str):
+    """Training's DDPM scheduler with the betas of ``config_dir`` (else the family's)."""
+    from diffusers import DDPMScheduler
+
+    try:
+        config = DDPMScheduler.load_config(str(config_dir), subfolder="scheduler")
+    except OSError:  # a model.config_dir without scheduler/: the family's schedule
+        config = DDPMScheduler.load_config(str(family.config_dir(prediction)),
+                                           subfolder="scheduler")
+    return DDPMScheduler.from_config(config, prediction_type=prediction, clip_sample=False)
+
+
+def _notes(ckpt: single_file.Checkpoint, found: families.Detected, why: str,
+           section: ModelSection) -> tuple[str, ...]:
+    notes = [f"prediction type: {why}"]
+    dtype = single_file.unet_dtype(ckpt)
+    if dtype:
+        notes.append(f"{dtype} weights")
+    if found.ema_keys:
+        notes.append(f"{found.ema_keys} {families.EMA_PREFIX}* keys ignored")
+    if section.vae:
+        notes.append("VAE from model.vae")
+    if section.config_dir:
+        notes.append(f"configs from model.config_dir {section.config_dir}")
+    return tuple(notes)
+
+
+def _open(path: Path, section: ModelSection, allow_sdxl: bool):
+    """Open and check the file before any weight is read: family, shape, VAE, version."""
+    ckpt = single_file.Checkpoint(path)
+    try:
+        found = single_file.inspect(ckpt)
+        families.check_requested(found, section.model_version)
+        _refuse_sdxl(found.family.name, allow_sdxl, path)
+        if not section.config_dir:
+            families.check_builtin_shape(found)
+        if not found.has_vae and not section.vae:
+            raise ModelLoadError("the file holds no VAE (no first_stage_model.* keys): set "
+                                 "model.vae to a VAE file or a diffusers folder")
+    except BaseException:
+        ckpt.close()
+        raise
+    return ckpt, found
+
+
+def _from_single_file(path: Path, section: ModelSection, allow_sdxl: bool) -> BaseModel:
+    try:
+        ckpt, found = _open(path, section, allow_sdxl)
+        with ckpt:
+            family = found.family
+            evidence = families.prediction_evidence(ckpt.metadata, ckpt.keys, ckpt.global_step)
+            config_dir, prediction, why = _configs(family, section, evidence)
+            toks = _tokenizers(family, section, path)
+            notes = _notes(ckpt, found, why, section)
+            parts = single_file.load_modules(ckpt, found, config_dir,
+                                             with_vae=not section.vae)
+    except ModelLoadError as exc:
+        if str(exc).startswith(FIELD):
+            raise
+        raise ModelLoadError(f"{FIELD} = {str(path)!r}: {exc}") from None
+    if section.vae:
+        parts["vae"] = _load_vae(Path(section.vae).expanduser(), config_dir)
+    resolution = families.native_resolution(parts["unet"].config, parts["vae"].config)
+    return BaseModel(**parts, **toks, noise_scheduler=_scheduler(config_dir, family, prediction),
+                     version=family.name, prediction_type=prediction, source=str(path),
+                     name=path.stem,
+                     description=families.describe(family, prediction, resolution, notes))
+
+
+# --- model.cache_as_diffusers -----------------------------------------------------------------
+
+
+def _cache_folder(path: Path, section: ModelSection) -> Path:
+    """Where the diffusers copy of ``path`` lives: keyed by the file and the shaping settings."""
+    stat = path.stat()
+    key = json.dumps({
+        "file": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+        "config_dir": section.config_dir, "tokenizer": section.tokenizer,
+        "prediction_type": section.prediction_type, "vae": section.vae,
+    }, sort_keys=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return data_home() / "single-file-cache" / f"{path.stem}-{digest}"
+
+
+def _save_cache(model: BaseModel, folder: Path) -> None:
+    from diffusers import StableDiffusionPipeline, StableDiffusionXLPipeline
+
+    common = dict(unet=model.unet, vae=model.vae, text_encoder=model.text_encoder,
+                  tokenizer=model.tokenizer, scheduler=model.noise_scheduler)
+    if model.version == "sdxl":
+        pipe = StableDiffusionXLPipeline(**common, text_encoder_2=model.text_encoder_2,
+                                         tokenizer_2=model.tokenizer_2, add_watermarker=False)
+    else:
+        pipe = StableDiffusionPipeline(**common, safety_checker=None, feature_extractor=None,
+                                       requires_safety_checker=False)
+    tmp = folder.with_name(folder.name + ".partial")
+    try:
+        pipe.save_pretrained(tmp, safe_serialization=True)
+        (tmp / CACHE_INFO).write_text(json.dumps({
+            "source": model.source, "version": model.version, "description": model.description,
+        }, indent=2), encoding="utf-8")
+        if folder.exists():
+            import shutil
+
+            shutil.rmtree(folder)
+        tmp.rename(folder)
+    except OSError as exc:
+        raise ModelLoadError(f"model.cache_as_diffusers: cannot write {folder} ({exc})") from None
+
+
+def _from_cache(folder: Path, path: Path, section: ModelSection, allow_sdxl: bool) -> BaseModel:
+    info = json.loads((folder / CACHE_INFO).read_text(encoding="utf-8"))
+    if section.model_version not in ("auto", info["version"]):
+        raise ModelLoadError(f"{FIELD} = {str(path)!r}: model.model_version = "
+                             f"{section.model_version!r}, but the file is "
+                             f"{FAMILIES[info['version']].label}; set model.model_version to "
+                             f"'auto' or {info['version']!r}")
+    _refuse_sdxl(info["version"], allow_sdxl, path)
+    cached = section.model_copy(update={"vae": None, "model_version": info["version"]})
+    model = _from_folder(folder, cached, allow_sdxl)  # its VAE is the one loaded at first
+    model.source, model.name = str(path), path.stem
+    model.description = f"{info['description']} [from the diffusers copy in {folder}]"
+    return model
 
 
 def text_embeddings(text_encoder, input_ids, clip_skip: int = 1, attention_mask: Optional[Any]

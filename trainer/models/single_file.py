@@ -1,0 +1,207 @@
+"""Read a single checkpoint file in the original layout into diffusers/transformers modules.
+
+diffusers' own ``from_single_file`` does the key conversion; what this module adds is that it
+never needs the network (the configs come from :mod:`trainer.models.families`' data or
+``model.config_dir``) and that it reads the file the way users have it:
+
+- ``.safetensors``: the header alone answers detection (keys, shapes, dtypes, metadata).
+- ``.ckpt``: only ``torch.load(weights_only=True)``, which unpickles tensors and plain
+  containers and nothing else; a pickle that needs more (a class of the training code, a
+  callback) is refused with the reason, since unpickling it could run any code. A
+  ``state_dict`` wrapper (PyTorch Lightning's) is unwrapped; its ``global_step`` is kept.
+- fp16, bf16 or fp32 weights: every module loads as fp32 (diffusers casts each tensor to the
+  dtype of the parameter it fills, and the modules are built in fp32); the loop casts what it
+  freezes.
+- ``model_ema.*`` keys (EMA copies that unpruned files carry) are never read: training continues
+  from the non-EMA weights, as diffusers' converter does by default (``extract_ema=False``).
+
+Memory: the file is never loaded whole. :class:`Checkpoint` hands out the weights one component
+at a time (UNet, VAE, each text encoder), diffusers builds that component on the ``meta`` device
+and fills it from those tensors, and the component's source tensors are dropped before the next
+one is read. Peak memory is the modules loaded so far plus one component's source tensors (the
+UNet's: at most 1.5x the fp32 UNet for an fp16 file), never the model twice. A ``.ckpt`` is
+memory-mapped (``torch.load(mmap=True)``) when it is in the zip format, so its tensors stay in
+the page cache; an old-format ``.ckpt`` is read whole, and its tensors are freed per component.
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from trainer.models.families import (
+    EMA_PREFIX,
+    UNET_PREFIX,
+    VAE_PREFIX,
+    Detected,
+    ModelLoadError,
+    TextEncoderSlot,
+    detect,
+)
+
+
+class Checkpoint:
+    """An open checkpoint: keys, shapes and metadata, then its weights one prefix at a time."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.metadata: dict[str, str] = {}
+        self.global_step: Optional[int] = None
+        self._handle: Any = None
+        self._tensors: dict[str, torch.Tensor] = {}
+        if path.suffix.lower() == ".safetensors":
+            self._open_safetensors()
+        else:
+            self._open_ckpt()
+
+    def _open_safetensors(self) -> None:
+        from safetensors import SafetensorError, safe_open
+
+        try:
+            self._handle = safe_open(str(self.path), framework="pt", device="cpu")
+        except (SafetensorError, OSError) as exc:
+            raise ModelLoadError(f"{self.path}: not a readable .safetensors file ({exc})") from None
+        self.metadata = dict(self._handle.metadata() or {})
+        self.keys = list(self._handle.keys())
+
+    def _open_ckpt(self) -> None:
+        obj = _torch_load(self.path)
+        while isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):
+            step = obj.get("global_step")
+            self.global_step = step if isinstance(step, int) else self.global_step
+            obj = obj["state_dict"]
+        if not isinstance(obj, dict):
+            raise ModelLoadError(f"{self.path}: the .ckpt holds a {type(obj).__name__}, not a "
+                                 f"state dict of tensors")
+        self._tensors = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+        self.keys = list(self._tensors)
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        if self._handle is not None:
+            return tuple(self._handle.get_slice(key).get_shape())
+        return tuple(self._tensors[key].shape)
+
+    def dtype(self, key: str) -> str:
+        """``F16``, ``BF16``, ``F32``: safetensors' names, for torch tensors too."""
+        if self._handle is not None:
+            return self._handle.get_slice(key).get_dtype()
+        names = {torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32"}
+        return names.get(self._tensors[key].dtype, str(self._tensors[key].dtype))
+
+    def take(self, prefix: str) -> dict[str, torch.Tensor]:
+        """The tensors under ``prefix`` (EMA copies never), read now and then forgotten here."""
+        wanted = [k for k in self.keys if k.startswith(prefix) and not k.startswith(EMA_PREFIX)]
+        taken = set(wanted)
+        self.keys = [k for k in self.keys if k not in taken]
+        if self._handle is not None:
+            return {k: self._handle.get_tensor(k) for k in wanted}
+        return {k: self._tensors.pop(k) for k in wanted}
+
+    def close(self) -> None:
+        self._handle = None
+        self._tensors = {}
+
+    def __enter__(self) -> Checkpoint:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _torch_load(path: Path) -> Any:
+    """``torch.load`` of tensors only; memory-mapped when the file's format allows."""
+    try:
+        try:
+            return torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as exc:  # the legacy (pre-zip) format cannot be mapped
+            if "mmap" not in str(exc) and "zip" not in str(exc):
+                raise
+            return torch.load(str(path), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(exc))
+        what = f" ({found.group(1)})" if found else ""
+        raise ModelLoadError(
+            f"{path}: this .ckpt needs more than tensors to unpickle{what}, and unpickling "
+            f"that could run any code, so the studio reads .ckpt files with "
+            f"torch.load(weights_only=True) only. Convert it to .safetensors with a tool you "
+            f"trust it to, or use the .safetensors release of the model") from None
+    except (OSError, RuntimeError, EOFError) as exc:
+        raise ModelLoadError(f"{path}: not a readable .ckpt file ({exc})") from None
+
+
+def inspect(ckpt: Checkpoint) -> Detected:
+    """The family and facts of an open checkpoint, from its header."""
+    return detect(ckpt.keys, ckpt.shape)
+
+
+def unet_dtype(ckpt: Checkpoint) -> Optional[str]:
+    keys = [k for k in ckpt.keys if k.startswith(UNET_PREFIX) and k.endswith(".weight")]
+    return ckpt.dtype(keys[0]) if keys else None
+
+
+def _check_complete(module: torch.nn.Module, component: str) -> torch.nn.Module:
+    """diffusers leaves weights that the file lacks on the meta device; name them."""
+    missing = [n for n, t in [*module.named_parameters(), *module.named_buffers()]
+               if t.device.type == "meta"]
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5
+                                          else "")
+        raise ModelLoadError(f"the file lacks {len(missing)} weights of the {component} "
+                             f"({shown}); it does not match the configs it is loaded with")
+    return module
+
+
+def load_diffusers_part(model_class: Any, tensors: dict[str, torch.Tensor], config_dir: Path,
+                        component: str) -> torch.nn.Module:
+    """A UNet or VAE from its original-layout tensors and the config in ``config_dir``."""
+    try:
+        module = model_class.from_single_file(
+            tensors, config=str(config_dir), subfolder=component, local_files_only=True)
+    except Exception as exc:  # noqa: BLE001 - shape mismatches, missing configs, ...
+        raise ModelLoadError(f"cannot build the {component} from the file with the configs "
+                             f"in {config_dir} ({exc})") from None
+    return _check_complete(module, component)
+
+
+def load_text_encoder(slot: TextEncoderSlot, tensors: dict[str, torch.Tensor],
+                      config_dir: Path) -> torch.nn.Module:
+    import transformers
+    from diffusers.loaders.single_file_utils import create_diffusers_clip_model_from_ldm
+
+    model_class = getattr(transformers, slot.model_class)
+    try:
+        module = create_diffusers_clip_model_from_ldm(
+            model_class, checkpoint=tensors, subfolder=slot.component, config=str(config_dir),
+            local_files_only=True)
+    except Exception as exc:  # noqa: BLE001
+        raise ModelLoadError(f"cannot build the {slot.component} from the file with the "
+                             f"configs in {config_dir} ({exc})") from None
+    return _check_complete(module, slot.component)
+
+
+def load_modules(ckpt: Checkpoint, found: Detected, config_dir: Path, with_vae: bool = True
+                 ) -> dict[str, Any]:
+    """UNet, VAE (when the file has one and it is wanted) and text encoder(s), in turn."""
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+
+    parts: dict[str, Any] = {"unet": load_diffusers_part(
+        UNet2DConditionModel, ckpt.take(UNET_PREFIX), config_dir, "unet")}
+    if found.has_vae and with_vae:
+        parts["vae"] = load_diffusers_part(AutoencoderKL, ckpt.take(VAE_PREFIX), config_dir,
+                                           "vae")
+    for slot in found.family.encoders:
+        parts[slot.component] = load_text_encoder(slot, ckpt.take(slot.prefix), config_dir)
+    return parts
+
+
+def load_vae_file(path: Path, config_dir: Path) -> torch.nn.Module:
+    """A VAE file (``model.vae``): original layout with or without ``first_stage_model.``."""
+    from diffusers import AutoencoderKL
+
+    with Checkpoint(path) as ckpt:
+        prefix = VAE_PREFIX if any(k.startswith(VAE_PREFIX) for k in ckpt.keys) else ""
+        return load_diffusers_part(AutoencoderKL, ckpt.take(prefix), config_dir, "vae")
