@@ -28,3 +28,20 @@ def tiny_model_dir(studio_home):
     from trainer.models.loader import resolve_model_path
 
     return resolve_model_path(EMBEDDED_MODEL)
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Every socket closed: a test that uses it fails on any attempt to reach the network."""
+    import socket
+
+    import huggingface_hub.constants
+
+    assert huggingface_hub.constants.HF_HUB_OFFLINE
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"network access attempted: {args}")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)

@@ -9,7 +9,6 @@ closed for the whole module: nothing may reach the network.
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 import torch
@@ -30,18 +29,7 @@ BUILDERS = {"sd1": build_components, "sd2": build_sd2_components, "sdxl": build_
 MODULES = ("unet", "vae", "text_encoder", "text_encoder_2")
 
 
-@pytest.fixture(autouse=True)
-def no_network(monkeypatch):
-    import huggingface_hub.constants
-
-    assert huggingface_hub.constants.HF_HUB_OFFLINE
-
-    def refuse(*args, **kwargs):
-        raise AssertionError(f"network access attempted: {args}")
-
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.setattr(socket, "create_connection", refuse)
-    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+pytestmark = pytest.mark.usefixtures("no_network")
 
 
 def randomize(module: torch.nn.Module, seed: int) -> torch.nn.Module:
@@ -72,7 +60,7 @@ def write(path, family, modules, dtype=torch.float32, **kw):
 def load(path, folder, **settings):
     section = ModelSection(pretrained_model_name_or_path=str(path), config_dir=str(folder),
                            tokenizer=str(folder), **settings)
-    return load_base_model(section, allow_sdxl=True)
+    return load_base_model(section)
 
 
 def assert_same_weights(model, modules, convert=lambda t: t):
@@ -102,18 +90,6 @@ def test_each_family_loads_offline_with_the_same_weights(tiny, tmp_path, family,
         assert model.text_encoder_2.config.hidden_size == 48
     else:
         assert model.text_encoder_2 is None and model.tokenizer_2 is None
-
-
-def test_sdxl_is_refused_unless_the_caller_allows_it(tiny, tmp_path, monkeypatch):
-    folder, modules = tiny["sdxl"]
-    path = write(tmp_path / "xl.safetensors", "sdxl", modules)
-    monkeypatch.setattr(single_file, "load_modules", lambda *a: pytest.fail("weights read"))
-    section = ModelSection(pretrained_model_name_or_path=str(path), config_dir=str(folder),
-                           tokenizer=str(folder))
-    with pytest.raises(ModelLoadError, match="SDXL models are not supported yet"):
-        load_base_model(section)
-    with pytest.raises(ModelLoadError, match="SDXL models are not supported yet"):
-        load_base_model(section.model_copy(update={"pretrained_model_name_or_path": str(folder)}))
 
 
 def test_fp16_file_loads_as_fp32(tiny, tmp_path):

@@ -20,6 +20,7 @@ Mode = Literal["lora", "dreambooth", "textual_inversion"]
 Widget = Literal["text", "dir", "file", "textarea", "list", "dict"]
 
 EMBEDDED_MODEL = "embedded:tiny-sd15"
+EMBEDDED_SDXL = "embedded:tiny-sdxl"
 EMBEDDED_DATASET = "embedded:sample-dataset"
 
 
@@ -51,7 +52,8 @@ class Section(BaseModel):
 class ModelSection(Section):
     pretrained_model_name_or_path: str = setting(
         EMBEDDED_MODEL,
-        "Base model: a diffusers folder, a .safetensors/.ckpt file, or embedded:tiny-sd15.",
+        "Base model: a diffusers folder, a .safetensors/.ckpt file (SD 1.x, 2.x, SDXL), or "
+        "the embedded embedded:tiny-sd15 / embedded:tiny-sdxl.",
         widget="dir",
     )
     model_version: Literal["auto", "sd1", "sd2", "sdxl"] = setting(

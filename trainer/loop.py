@@ -73,6 +73,7 @@ class _Job:
         self.output_path: Optional[str] = None
         self.session = None
         self.started_at = time.time()
+        self._sampled_at: Optional[int] = None
 
     # the Reporter of trainer.session
     def log(self, message: str, level: str = "info") -> None:
@@ -185,4 +186,7 @@ class _Job:
     def _samples(self) -> None:
         from trainer.outputs import save_samples
 
+        if self._sampled_at == self.step:  # e.g. every N steps and the end of an epoch
+            return
+        self._sampled_at = self.step
         save_samples(self.session, self, self.step)

@@ -86,7 +86,7 @@ def prepare(s: Session, out: Reporter) -> None:
     out.check_stop()
     s.model = load_base_model(s.cfg.model)
     out.check_stop()
-    out.log(f"Base model: {s.model.source} ({s.model.version}, {s.model.prediction_type})")
+    out.log(f"Base model: {s.model.source} ({s.model.description or s.model.version})")
     if ensure_class_images(s.cfg, s.model, s.device_info, s.precision, out):
         s.data = prepare_dataset(s.cfg, warn=lambda m: out.log(m, "warning"))
     _noise_schedule(s, out)

@@ -10,7 +10,6 @@ the header (:mod:`trainer.models.families`), its configs are the family's built-
 (:mod:`trainer.models.tokenizers`). With ``model.cache_as_diffusers`` the result is kept as a
 diffusers folder under the studio's data folder, keyed by the file's identity and the settings
 that shape the result, and loaded from there next time; by default nothing is written.
-SDXL loads only with ``allow_sdxl=True``: the loop refuses it until it can train it.
 """
 
 from __future__ import annotations
@@ -21,10 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from trainer.config import EMBEDDED_MODEL, ModelSection
+from trainer.config import EMBEDDED_MODEL, EMBEDDED_SDXL, ModelSection
 from trainer.models import families, single_file, tokenizers
 from trainer.models.families import FAMILIES, Family, ModelLoadError
 from trainer.paths import data_home
+
+EMBEDDED_MODELS = {EMBEDDED_MODEL: "sd1", EMBEDDED_SDXL: "sdxl"}
 
 __all__ = ["BaseModel", "ModelLoadError", "load_base_model", "resolve_model_path",
            "text_embeddings"]
@@ -60,20 +61,22 @@ class BaseModel:
 
 def resolve_model_path(value: str) -> Path:
     """The path behind ``model.pretrained_model_name_or_path`` (building the embedded model)."""
-    if value == EMBEDDED_MODEL:
+    if value in EMBEDDED_MODELS:
         from trainer.models.tiny import ensure_tiny_model
 
-        return ensure_tiny_model(data_home() / "embedded" / "tiny-sd15")
+        family = EMBEDDED_MODELS[value]
+        return ensure_tiny_model(data_home() / "embedded" / value.split(":", 1)[1],
+                                 family=family)
     if value.startswith("embedded:"):
         raise ModelLoadError(
-            f"{FIELD} = {value!r}: unknown embedded model; the embedded model is "
-            f"{EMBEDDED_MODEL!r}"
+            f"{FIELD} = {value!r}: unknown embedded model; the embedded models are "
+            f"{', '.join(map(repr, EMBEDDED_MODELS))}"
         )
     return Path(value).expanduser()
 
 
-def load_base_model(section: ModelSection, *, allow_sdxl: bool = False) -> BaseModel:
-    """The base model that ``section`` names; SDXL only with ``allow_sdxl``."""
+def load_base_model(section: ModelSection) -> BaseModel:
+    """The base model that ``section`` names."""
     path = resolve_model_path(section.pretrained_model_name_or_path)
     if not path.exists():
         raise ModelLoadError(
@@ -81,23 +84,17 @@ def load_base_model(section: ModelSection, *, allow_sdxl: bool = False) -> BaseM
             f"(with model_index.json) or a .safetensors/.ckpt checkpoint"
         )
     if path.is_dir():
-        return _from_folder(path, section, allow_sdxl)
+        return _from_folder(path, section)
     if path.suffix.lower() in (".safetensors", ".ckpt"):
         cached = _cache_folder(path, section) if section.cache_as_diffusers else None
         if cached is not None and (cached / CACHE_INFO).is_file():
-            return _from_cache(cached, path, section, allow_sdxl)
-        model = _from_single_file(path, section, allow_sdxl)
+            return _from_cache(cached, path, section)
+        model = _from_single_file(path, section)
         if cached is not None:
             _save_cache(model, cached)
         return model
     raise ModelLoadError(f"{FIELD} = {str(path)!r}: not a diffusers folder nor a "
                          f".safetensors/.ckpt file")
-
-
-def _refuse_sdxl(version: str, allow_sdxl: bool, path: Path) -> None:
-    if version == "sdxl" and not allow_sdxl:
-        raise ModelLoadError(f"{FIELD} = {str(path)!r}: SDXL models are not supported yet; "
-                             f"use an SD 1.x or 2.x model")
 
 
 # --- diffusers folders ------------------------------------------------------------------------
@@ -154,9 +151,8 @@ def _load_folder(path: Path, sdxl: bool) -> dict[str, Any]:
                              f"({exc})") from None
 
 
-def _from_folder(path: Path, section: ModelSection, allow_sdxl: bool) -> BaseModel:
+def _from_folder(path: Path, section: ModelSection) -> BaseModel:
     detected = _folder_version(path)
-    _refuse_sdxl(detected, allow_sdxl, path)
     parts = _load_folder(path, detected == "sdxl")
     if section.vae:
         parts["vae"] = _load_vae(Path(section.vae).expanduser(), path)
@@ -246,13 +242,12 @@ def _notes(ckpt: single_file.Checkpoint, found: families.Detected, why: str,
     return tuple(notes)
 
 
-def _open(path: Path, section: ModelSection, allow_sdxl: bool):
+def _open(path: Path, section: ModelSection):
     """Open and check the file before any weight is read: family, shape, VAE, version."""
     ckpt = single_file.Checkpoint(path)
     try:
         found = single_file.inspect(ckpt)
         families.check_requested(found, section.model_version)
-        _refuse_sdxl(found.family.name, allow_sdxl, path)
         if not section.config_dir:
             families.check_builtin_shape(found)
         if not found.has_vae and not section.vae:
@@ -264,9 +259,9 @@ def _open(path: Path, section: ModelSection, allow_sdxl: bool):
     return ckpt, found
 
 
-def _from_single_file(path: Path, section: ModelSection, allow_sdxl: bool) -> BaseModel:
+def _from_single_file(path: Path, section: ModelSection) -> BaseModel:
     try:
-        ckpt, found = _open(path, section, allow_sdxl)
+        ckpt, found = _open(path, section)
         with ckpt:
             family = found.family
             evidence = families.prediction_evidence(ckpt.metadata, ckpt.keys, ckpt.global_step)
@@ -329,16 +324,15 @@ def _save_cache(model: BaseModel, folder: Path) -> None:
         raise ModelLoadError(f"model.cache_as_diffusers: cannot write {folder} ({exc})") from None
 
 
-def _from_cache(folder: Path, path: Path, section: ModelSection, allow_sdxl: bool) -> BaseModel:
+def _from_cache(folder: Path, path: Path, section: ModelSection) -> BaseModel:
     info = json.loads((folder / CACHE_INFO).read_text(encoding="utf-8"))
     if section.model_version not in ("auto", info["version"]):
         raise ModelLoadError(f"{FIELD} = {str(path)!r}: model.model_version = "
                              f"{section.model_version!r}, but the file is "
                              f"{FAMILIES[info['version']].label}; set model.model_version to "
                              f"'auto' or {info['version']!r}")
-    _refuse_sdxl(info["version"], allow_sdxl, path)
     cached = section.model_copy(update={"vae": None, "model_version": info["version"]})
-    model = _from_folder(folder, cached, allow_sdxl)  # its VAE is the one loaded at first
+    model = _from_folder(folder, cached)  # its VAE is the one loaded at first
     model.source, model.name = str(path), path.stem
     model.description = f"{info['description']} [from the diffusers copy in {folder}]"
     return model

@@ -266,9 +266,9 @@ def save_tiny_model(path: str | Path, seed: int = TINY_SEED, *, family: str = "s
     return path
 
 
-def ensure_tiny_model(path: str | Path, seed: int = TINY_SEED) -> Path:
+def ensure_tiny_model(path: str | Path, seed: int = TINY_SEED, family: str = "sd1") -> Path:
     """The tiny model folder, built on first use."""
     path = Path(path)
     if not (path / "model_index.json").is_file():
-        save_tiny_model(path, seed)
+        save_tiny_model(path, seed, family=family)
     return path
