@@ -1,10 +1,10 @@
 """Each training mode's default preset on this machine: wall time, steps/s and peak memory.
 
-    python bench/modes.py [--modes lora dreambooth textual_inversion]
+    python bench/modes.py [--cases lora dreambooth textual_inversion "lora tiny-sdxl"]
 
-Runs ``presets/<mode>/default.toml`` (the embedded tiny model and the sample dataset, as a user
-who clicks Train on a fresh install gets it) in a fresh process per mode, so each peak RSS is
-its own. The embedded model and dataset are built once before the timed runs. Prints the time
+Runs each mode's ``presets/<mode>/default.toml`` (the embedded tiny model and the sample
+dataset, as a user who clicks Train on a fresh install gets it) and ``presets/lora/tiny-sdxl``,
+in a fresh process each, so each peak RSS is its own. The embedded model and dataset are built once before the timed runs. Prints the time
 from ``run()`` to the first step, the whole run (samples and saves included), steps/s over the
 steps after the first five, and the peak resident memory.
 """
@@ -23,10 +23,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ("lora", "dreambooth", "textual_inversion")
+# the presets timed: each mode's default, and the embedded tiny SDXL
+PRESETS = {"lora": "lora/default", "dreambooth": "dreambooth/default",
+           "textual_inversion": "textual_inversion/default", "lora tiny-sdxl": "lora/tiny-sdxl"}
 WARMUP = 5
 
 
-def _case(mode: str, out: str) -> dict:
+def _case(preset: str, out: str) -> dict:
     """Runs inside the child process: one default-preset run, timed."""
     sys.path.insert(0, str(ROOT))
     from trainer import config_io
@@ -40,7 +43,7 @@ def _case(mode: str, out: str) -> dict:
             if isinstance(event, Step):
                 times.append(time.perf_counter())
 
-    cfg = config_io.load(ROOT / "presets" / mode / "default.toml",
+    cfg = config_io.load(ROOT / "presets" / f"{preset}.toml",
                          [f"saving.output_dir={out}", "training.log_with=none"])
     start = time.perf_counter()
     result = run(cfg, Sink())
@@ -63,21 +66,22 @@ def _child(args: list[str]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--cases", nargs="+", default=list(PRESETS), choices=list(PRESETS))
     parser.add_argument("--child")
     args = parser.parse_args()
     if args.child:
         print(json.dumps(_case(*json.loads(args.child))))
         return
     os.environ["KOHYA_STUDIO_HOME"] = tempfile.mkdtemp(prefix="bench-home-")
-    _child(["lora", tempfile.mkdtemp(prefix="bench-warm-")])  # builds the model and data once
+    for warm in ("lora/default", "lora/tiny-sdxl"):  # build the embedded models and data once
+        _child([warm, tempfile.mkdtemp(prefix="bench-warm-")])
     print(f"default presets, {os.cpu_count()} cores (CPU training leaves one free unless "
           f"OMP_NUM_THREADS is set)")
     print(f"{'mode':<20}{'steps':>6}{'to step 1 s':>13}{'total s':>9}{'steps/s':>9}"
           f"{'peak RSS MiB':>14}")
-    for mode in args.modes:
-        r = _child([mode, tempfile.mkdtemp(prefix=f"bench-{mode}-")])
-        print(f"{mode:<20}{r['steps']:>6}{r['first_step_s']:>13.1f}{r['total_s']:>9.1f}"
+    for case in args.cases:
+        r = _child([PRESETS[case], tempfile.mkdtemp(prefix="bench-case-")])
+        print(f"{case:<20}{r['steps']:>6}{r['first_step_s']:>13.1f}{r['total_s']:>9.1f}"
               f"{r['steps_per_s']:>9.2f}{r['peak_rss_mib']:>14.0f}")
 
 

@@ -130,3 +130,20 @@ def test_sampler_functions():
     assert len(batches) == count_batches([3, 1], 2) == 3
     assert sorted(i for b in batches for i in b) == [0, 0, 1, 2]
     assert all(set(b) <= {0, 1} or b == [2] for b in batches)
+
+
+def test_batches_carry_sdxl_size_ids_from_the_image_bucket_and_crop(tmp_path):
+    """(original h, w, crop top, left, target h, w), as diffusers' SDXL pipeline orders them:
+    the image's own size, the crop's corner in the resized image, the bucket."""
+    from trainer.data.buckets import cover_size, crop_box
+
+    data = build(tmp_path, repeats=1)
+    seen = {}
+    for batch in data.epoch(1, 1, seed=0):
+        entry = next(e for e in data.entries if e.path == batch.paths[0])
+        bucket = batch.bucket
+        left, top, _, _ = crop_box(cover_size(entry.size, bucket), bucket)
+        (width, height), (bw, bh) = entry.size, bucket
+        assert batch.size_ids.tolist() == [[height, width, top, left, bh, bw]]
+        seen[entry.path.stem] = batch.size_ids[0].tolist()
+    assert seen["wide2"][:2] == [120, 210] and seen["wide2"][3] > 0  # cropped at the sides

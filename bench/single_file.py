@@ -1,0 +1,118 @@
+"""Training from a full-size SD 1.5-architecture single file, offline: time to the first step and
+peak memory.
+
+    python bench/single_file.py [--steps 6] [--keep DIR]
+
+Builds the model from the studio's own SD 1.x configs (trainer/assets/families/sd1) with random
+weights and writes it as an fp16 original-layout .safetensors file, the form users have (about
+2 GB; the build takes a minute and ~5 GB of memory, in a process of its own). Then, in a fresh
+process with HF_HUB_OFFLINE=1, trains a LoRA for a few steps at 64 px from that file: the
+loading path a user's checkpoint takes. The tokenizer is the embedded tiny one (a real CLIP
+tokenizer cannot be downloaded here); it is given through model.tokenizer.
+
+Prints: load-to-first-step seconds, steps/s after the first step, and the peak RSS. The weights
+are 1.07 G parameters, 4.0 GiB in fp32: a peak near that plus the training state means one copy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _build(folder: str) -> dict:
+    """Runs in a child: the random SD 1.5-size model as a single file, and a tokenizer."""
+    sys.path.insert(0, str(ROOT))
+    import torch
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    from trainer.export.checkpoint import save_checkpoint
+    from trainer.models.tiny import write_tokenizer_files
+
+    configs = ROOT / "trainer" / "assets" / "families" / "sd1"
+    torch.manual_seed(0)
+    unet = UNet2DConditionModel.from_config(UNet2DConditionModel.load_config(configs / "unet"))
+    vae = AutoencoderKL.from_config(AutoencoderKL.load_config(configs / "vae"))
+    te = CLIPTextModel(CLIPTextConfig.from_pretrained(configs / "text_encoder"))
+    path = Path(folder) / "sd15-random.safetensors"
+    save_checkpoint(path, unet, vae, te, family="sd1", dtype=torch.float16)
+    write_tokenizer_files(Path(folder) / "tokenizer")
+    params = sum(p.numel() for m in (unet, vae, te) for p in m.parameters())
+    return {"path": str(path), "bytes": path.stat().st_size, "params": params}
+
+
+def _train(path: str, tokenizer: str, out: str, steps: int) -> dict:
+    """Runs in a child: LoRA steps from the single file, timed."""
+    sys.path.insert(0, str(ROOT))
+    from trainer.config_io import from_dict
+    from trainer.events import Step
+    from trainer.loop import run
+
+    times: list[float] = []
+
+    class Sink:
+        def emit(self, event):
+            if isinstance(event, Step):
+                times.append(time.perf_counter())
+
+    cfg = from_dict({
+        "model": {"pretrained_model_name_or_path": path, "tokenizer": tokenizer},
+        "dataset": {"resolution": 64, "min_bucket_reso": 64, "max_bucket_reso": 128,
+                    "bucket_reso_steps": 64},
+        "training": {"max_train_steps": steps, "log_with": "none"},
+        "saving": {"output_dir": out},
+    })
+    start = time.perf_counter()
+    result = run(cfg, Sink())
+    assert result.status == "finished", result.error
+    rate = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else float("nan")
+    return {"first_step_s": times[0] - start, "steps_per_s": rate,
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def _child(name: str, args: list) -> dict:
+    cmd = [sys.executable, __file__, "--child", json.dumps([name, *args])]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
+    if proc.returncode != 0:
+        raise SystemExit(proc.stderr[-3000:])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--keep", help="a folder for the model (reused when it is there)")
+    parser.add_argument("--child")
+    args = parser.parse_args()
+    if args.child:
+        name, *rest = json.loads(args.child)
+        print(json.dumps({"build": _build, "train": _train}[name](*rest)))
+        return
+    os.environ["KOHYA_STUDIO_HOME"] = tempfile.mkdtemp(prefix="bench-home-")
+    folder = Path(args.keep or tempfile.mkdtemp(prefix="bench-sd15-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    model = folder / "sd15-random.safetensors"
+    if not model.is_file():
+        built = _child("build", [str(folder)])
+        print(f"built {built['path']}: {built['bytes'] / 2**30:.2f} GiB fp16, "
+              f"{built['params'] / 1e9:.3f} G parameters")
+    r = _child("train", [str(model), str(folder / "tokenizer"),
+                         tempfile.mkdtemp(prefix="bench-out-"), args.steps])
+    print(f"SD 1.5-size single file, LoRA at 64 px, {os.cpu_count()} cores, offline: "
+          f"{r['first_step_s']:.1f} s from run() to the first step, "
+          f"{r['steps_per_s']:.2f} steps/s after it, peak RSS {r['peak_rss_mib'] / 1024:.2f} GiB")
+
+
+if __name__ == "__main__":
+    main()
