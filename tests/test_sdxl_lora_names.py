@@ -59,3 +59,23 @@ def test_sdxl_unet_and_encoder_names_are_sd_scripts_names():
                     for name in ("self_attn_q_proj", "self_attn_k_proj", "self_attn_v_proj",
                                  "self_attn_out_proj", "mlp_fc1", "mlp_fc2")}
         assert {m for m in modules if m.startswith(prefix + "_")} == expected
+
+
+def test_either_or_both_sdxl_text_encoders_train_at_their_own_rates():
+    from types import SimpleNamespace
+
+    from trainer.methods.lora import LoraMethod
+
+    model = SimpleNamespace(version="sdxl", text_encoder="te1", text_encoder_2="te2",
+                            tokenizer=None, tokenizer_2=None)
+
+    def plan(**network):
+        cfg = from_dict({"network": network, "optimizer": {"learning_rate": 1e-4,
+                                                           "text_encoder_lr": 5e-5,
+                                                           "text_encoder_2_lr": 2e-5}})
+        return [(name, lr) for name, _, lr in LoraMethod(cfg).trained_text_encoders(model)]
+
+    assert plan(train_text_encoder=True) == [("text_encoder", 5e-5), ("text_encoder_2", 2e-5)]
+    assert plan(train_text_encoder=False, train_text_encoder_2=True) == [("text_encoder_2", 2e-5)]
+    assert plan(train_text_encoder=True, train_text_encoder_2=False) == [("text_encoder", 5e-5)]
+    assert plan() == []

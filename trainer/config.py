@@ -68,7 +68,9 @@ class ModelSection(Section):
         advanced=True, widget="dir",
     )
     clip_skip: int = setting(
-        1, "Use the output of the n-th last text-encoder layer (2 for many anime models).",
+        1, "Use the output of the n-th last text-encoder layer (2 for many anime SD 1.x models); "
+        "1 is each family's own: SD 2.x's encoder ends at the layer SD 2 reads, SDXL counts from "
+        "the penultimate layer, as sd-scripts and AUTOMATIC1111 do.",
         advanced=True, ge=1, le=12,
     )
     tokenizer: Optional[str] = setting(
