@@ -4,9 +4,10 @@
 
 Runs each mode's ``presets/<mode>/default.toml`` (the embedded tiny model and the sample
 dataset, as a user who clicks Train on a fresh install gets it) and ``presets/lora/tiny-sdxl``,
-in a fresh process each, so each peak RSS is its own. The embedded model and dataset are built once before the timed runs. Prints the time
-from ``run()`` to the first step, the whole run (samples and saves included), steps/s over the
-steps after the first five, and the peak resident memory.
+in a fresh process each, so each peak RSS is its own. The embedded models and dataset are built
+once before the timed runs. Prints the time from ``run()`` to the first step, the whole run
+(samples and saves included), steps/s over the steps after the first five, and the peak
+resident memory.
 """
 
 from __future__ import annotations
