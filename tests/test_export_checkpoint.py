@@ -12,19 +12,12 @@ from diffusers import AutoencoderKL, UNet2DConditionModel
 from diffusers.loaders import single_file_utils as sfu
 from safetensors import safe_open
 from safetensors.torch import load_file
+from train_helpers import randomize
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
 from trainer.export.checkpoint import ldm_state_dict, save_checkpoint
 from trainer.export.lora import text_encoder_module_path
 from trainer.models.tiny import build_components, build_tokenizer
-
-
-def randomize(module: torch.nn.Module, seed: int) -> torch.nn.Module:
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
-    return module.eval()
 
 
 def assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:

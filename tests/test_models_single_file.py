@@ -13,6 +13,7 @@ import json
 import pytest
 import torch
 from safetensors.torch import save_file
+from train_helpers import randomize
 
 from trainer.config import ModelSection
 from trainer.export.checkpoint import ldm_state_dict, save_checkpoint
@@ -30,14 +31,6 @@ MODULES = ("unet", "vae", "text_encoder", "text_encoder_2")
 
 
 pytestmark = pytest.mark.usefixtures("no_network")
-
-
-def randomize(module: torch.nn.Module, seed: int) -> torch.nn.Module:
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
-    return module.eval()
 
 
 @pytest.fixture(scope="module")

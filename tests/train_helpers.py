@@ -62,3 +62,13 @@ def eval_loss(pipe, image_path: Path, caption: str, size: int = 64) -> float:
     noisy = pipe.scheduler.add_noise(latents, noise, timesteps)
     pred = pipe.unet(noisy, timesteps, hidden).sample
     return torch.nn.functional.mse_loss(pred, noise).item()
+
+
+def randomize(module: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """Every parameter drawn at random (norms included), so that two same-shaped tensors swapped
+    by mistake cannot pass a test as equal."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+    return module.eval()
