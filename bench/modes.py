@@ -15,14 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
-import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from childproc import ROOT, StepTimes, peak_rss_mib, run_child
+
 MODES = ("lora", "dreambooth", "textual_inversion")
 # the presets timed: each mode's default, and the embedded tiny SDXL
 PRESETS = {"lora": "lora/default", "dreambooth": "dreambooth/default",
@@ -34,35 +32,21 @@ def _case(preset: str, out: str) -> dict:
     """Runs inside the child process: one default-preset run, timed."""
     sys.path.insert(0, str(ROOT))
     from trainer import config_io
-    from trainer.events import Step
     from trainer.loop import run
 
-    times: list[float] = []
-
-    class Sink:
-        def emit(self, event):
-            if isinstance(event, Step):
-                times.append(time.perf_counter())
-
+    sink = StepTimes()
     cfg = config_io.load(ROOT / "presets" / f"{preset}.toml",
                          [f"saving.output_dir={out}", "training.log_with=none"])
     start = time.perf_counter()
-    result = run(cfg, Sink())
+    result = run(cfg, sink)
     total = time.perf_counter() - start
     assert result.status == "finished", result.error
-    timed = times[WARMUP:]
-    rate = (len(timed) - 1) / (timed[-1] - timed[0]) if len(timed) > 1 else float("nan")
-    return {"steps": len(times), "first_step_s": times[0] - start, "total_s": total,
-            "steps_per_s": rate,
-            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    return {"steps": len(sink.times), "first_step_s": sink.times[0] - start, "total_s": total,
+            "steps_per_s": sink.rate(WARMUP), "peak_rss_mib": peak_rss_mib()}
 
 
 def _child(args: list[str]) -> dict:
-    cmd = [sys.executable, __file__, "--child", json.dumps(args)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-    if proc.returncode != 0:
-        raise SystemExit(proc.stderr[-3000:])
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_child(__file__, args)
 
 
 def main() -> None:

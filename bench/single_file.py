@@ -19,14 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from childproc import ROOT, StepTimes, peak_rss_mib, run_child
 
 
 def _build(folder: str) -> dict:
@@ -55,16 +53,9 @@ def _train(path: str, tokenizer: str, out: str, steps: int) -> dict:
     """Runs in a child: LoRA steps from the single file, timed."""
     sys.path.insert(0, str(ROOT))
     from trainer.config_io import from_dict
-    from trainer.events import Step
     from trainer.loop import run
 
-    times: list[float] = []
-
-    class Sink:
-        def emit(self, event):
-            if isinstance(event, Step):
-                times.append(time.perf_counter())
-
+    sink = StepTimes()
     cfg = from_dict({
         "model": {"pretrained_model_name_or_path": path, "tokenizer": tokenizer},
         "dataset": {"resolution": 64, "min_bucket_reso": 64, "max_bucket_reso": 128,
@@ -73,20 +64,14 @@ def _train(path: str, tokenizer: str, out: str, steps: int) -> dict:
         "saving": {"output_dir": out},
     })
     start = time.perf_counter()
-    result = run(cfg, Sink())
+    result = run(cfg, sink)
     assert result.status == "finished", result.error
-    rate = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else float("nan")
-    return {"first_step_s": times[0] - start, "steps_per_s": rate,
-            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    return {"first_step_s": sink.times[0] - start, "steps_per_s": sink.rate(1),
+            "peak_rss_mib": peak_rss_mib()}
 
 
 def _child(name: str, args: list) -> dict:
-    cmd = [sys.executable, __file__, "--child", json.dumps([name, *args])]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
-    if proc.returncode != 0:
-        raise SystemExit(proc.stderr[-3000:])
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_child(__file__, [name, *args], HF_HUB_OFFLINE="1")
 
 
 def main() -> None:

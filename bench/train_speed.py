@@ -12,14 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
-import subprocess
 import sys
 import tempfile
-import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from childproc import ROOT, StepTimes, peak_rss_mib, run_child
+
 WARMUP = 5
 
 
@@ -29,7 +26,6 @@ def _case(resolution: int, batch: int, cache: bool, steps: int, out: str, to_dis
     import trainer.loop as loop
     import trainer.session as session
     from trainer.config_io import from_dict
-    from trainer.events import Step
 
     encoded = []
     real_encode = session.encode_images
@@ -39,12 +35,7 @@ def _case(resolution: int, batch: int, cache: bool, steps: int, out: str, to_dis
         return real_encode(vae, pixels)
 
     session.encode_images = counting
-    times: list[float] = []
-
-    class Sink:
-        def emit(self, event):
-            if isinstance(event, Step):
-                times.append(time.perf_counter())
+    sink = StepTimes()
 
     cfg = from_dict({
         "dataset": {"resolution": resolution, "min_bucket_reso": 64, "max_bucket_reso": 256,
@@ -53,20 +44,14 @@ def _case(resolution: int, batch: int, cache: bool, steps: int, out: str, to_dis
         "training": {"max_train_steps": steps, "train_batch_size": batch, "log_with": "none"},
         "saving": {"output_dir": out},
     })
-    result = loop.run(cfg, Sink())
+    result = loop.run(cfg, sink)
     assert result.status == "finished", result.error
-    timed = times[WARMUP:]
-    rate = (len(timed) - 1) / (timed[-1] - timed[0]) if len(timed) > 1 else float("nan")
-    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"steps_per_s": rate, "peak_rss_mib": peak_kib / 1024, "encoded": sum(encoded)}
+    return {"steps_per_s": sink.rate(WARMUP), "peak_rss_mib": peak_rss_mib(),
+            "encoded": sum(encoded)}
 
 
 def _child(args: list[str]) -> dict:
-    cmd = [sys.executable, __file__, "--child", json.dumps(args)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-    if proc.returncode != 0:
-        raise SystemExit(proc.stderr[-3000:])
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_child(__file__, args)
 
 
 def main() -> None:

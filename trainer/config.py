@@ -2,7 +2,8 @@
 
 TOML files, CLI overrides (``--set optimizer.learning_rate=2e-4``), presets, the GUI form and
 ``config_example.toml`` all go through :class:`TrainConfig`. Each field carries its type, its
-default, its bounds, a one-line help text and UI hints (``modes``: the training modes that use it;
+default, its bounds, a one-line help text and UI hints (``label``: the name a person reads, shown
+above the field with the TOML key beside it; ``modes``: the training modes that use it;
 ``advanced``: shown in the closed part of its section; ``widget``: a special editor such as a
 folder path). Optional fields default to ``None`` (``None`` means off); a ``0`` is always a value.
 """
@@ -28,16 +29,20 @@ def setting(
     default: Any,
     help: str,
     *,
+    label: Optional[str] = None,
     modes: tuple[str, ...] = MODES,
     advanced: bool = False,
     widget: Optional[Widget] = None,
     **bounds: Any,
 ) -> Any:
-    """A schema field: default, bounds (ge/gt/le/lt), help and UI hints in one place."""
+    """A schema field: default, bounds (ge/gt/le/lt), help and UI hints (the label people
+    read, modes, advanced, widget) in one place."""
     for mode in modes:
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}")
-    ui = {"modes": list(modes), "advanced": advanced}
+    ui: dict[str, Any] = {"modes": list(modes), "advanced": advanced}
+    if label:
+        ui["label"] = label
     if widget:
         ui["widget"] = widget
     return Field(default, description=help, json_schema_extra={"ui": ui}, **bounds)
@@ -55,36 +60,44 @@ class ModelSection(Section):
         "Base model: a diffusers folder, a .safetensors/.ckpt file (SD 1.x, 2.x, SDXL), or "
         "the embedded embedded:tiny-sd15 / embedded:tiny-sdxl.",
         widget="dir",
+        label="Base model",
     )
     model_version: Literal["auto", "sd1", "sd2", "sdxl"] = setting(
         "auto", "Architecture of the base model; auto reads it from the model's configs.",
         advanced=True,
+        label="Model family",
     )
     prediction_type: Optional[Literal["epsilon", "v_prediction"]] = setting(
-        None, "Training target; unset takes the base model's scheduler setting.", advanced=True
+        None, "Training target; unset takes the base model's scheduler setting.", advanced=True,
+        label="Prediction type",
     )
     vae: Optional[str] = setting(
         None, "A different VAE (diffusers folder or file) instead of the model's own.",
         advanced=True, widget="dir",
+        label="VAE override",
     )
     clip_skip: int = setting(
         1, "Use the output of the n-th last text-encoder layer (2 for many anime SD 1.x models); "
         "1 is each family's own: SD 2.x's encoder ends at the layer SD 2 reads, SDXL counts from "
         "the penultimate layer, as sd-scripts and AUTOMATIC1111 do.",
         advanced=True, ge=1, le=12,
+        label="CLIP skip",
     )
     tokenizer: Optional[str] = setting(
         None, "Tokenizer folder for a single-file model (the file holds none); unset looks "
         "beside the file, then in the Hugging Face cache.", advanced=True, widget="dir",
+        label="Tokenizer folder",
     )
     config_dir: Optional[str] = setting(
         None, "Folder of diffusers component configs (unet/, vae/, text_encoder/, ...) for a "
         "single file of an unusual shape; unset uses the built-in SD 1.x, 2.x and SDXL ones.",
         advanced=True, widget="dir",
+        label="Component config folder",
     )
     cache_as_diffusers: bool = setting(
         False, "Keep a diffusers copy of a single-file model in the studio's data folder, "
         "loaded faster next time; off writes nothing.", advanced=True,
+        label="Keep a diffusers copy",
     )
 
 
@@ -93,121 +106,168 @@ class DatasetSection(Section):
         EMBEDDED_DATASET,
         "Folder of N_concept subfolders (N = repeats) with images and caption files.",
         widget="dir",
+        label="Training images folder",
     )
     reg_data_dir: Optional[str] = setting(
         None, "Folder of N_class regularization images (prior preservation); they interleave "
         "with the training images, so an epoch has twice the steps.",
         modes=("lora", "dreambooth"), widget="dir",
+        label="Regularization images folder",
     )
     num_class_images: Optional[int] = setting(
         None, "Make sure reg_data_dir holds this many class images: the missing ones are "
         "generated with the base model before training and kept for the next run.",
         modes=("lora", "dreambooth"), ge=1, le=100_000,
+        label="Class images wanted",
     )
     class_prompt: Optional[str] = setting(
         None, "Prompt (and caption) of the generated class images, e.g. 'a photo of a dog'; "
         "unset uses the name of the one N_class folder in reg_data_dir.",
         modes=("lora", "dreambooth"),
+        label="Class prompt",
     )
     caption_extension: str = setting(
         ".txt", "Extension of the caption files beside the images.", advanced=True,
         pattern=r"^\.[A-Za-z0-9_]+$",
+        label="Caption file extension",
     )
     resolution: int = setting(
         512, "Training resolution (the base side of the buckets), in pixels.",
         ge=64, le=4096, multiple_of=8,
+        label="Resolution",
     )
-    enable_bucket: bool = setting(True, "Aspect-ratio bucketing: train images at their shape.")
+    enable_bucket: bool = setting(True, "Aspect-ratio bucketing: train images at their shape.",
+                                  label="Aspect-ratio buckets")
     min_bucket_reso: int = setting(
-        256, "Smallest bucket side, in pixels.", advanced=True, ge=64, le=4096, multiple_of=8
+        256, "Smallest bucket side, in pixels.", advanced=True, ge=64, le=4096, multiple_of=8,
+        label="Smallest bucket side",
     )
     max_bucket_reso: int = setting(
-        1024, "Largest bucket side, in pixels.", advanced=True, ge=64, le=8192, multiple_of=8
+        1024, "Largest bucket side, in pixels.", advanced=True, ge=64, le=8192, multiple_of=8,
+        label="Largest bucket side",
     )
     bucket_reso_steps: int = setting(
-        64, "Step between bucket sides, in pixels.", advanced=True, ge=8, le=512, multiple_of=8
+        64, "Step between bucket sides, in pixels.", advanced=True, ge=8, le=512, multiple_of=8,
+        label="Bucket side step",
     )
     bucket_no_upscale: bool = setting(
         False, "Never upscale an image to fit a bucket; small images get smaller buckets.",
         advanced=True,
+        label="Never upscale into a bucket",
     )
     random_crop: bool = setting(
-        False, "Crop at a random place instead of the center.", advanced=True
+        False, "Crop at a random place instead of the center.", advanced=True,
+        label="Random crop",
     )
-    flip_aug: bool = setting(False, "Also train on horizontally flipped images.", advanced=True)
-    shuffle_caption: bool = setting(False, "Shuffle the comma-separated tags of each caption.")
+    flip_aug: bool = setting(False, "Also train on horizontally flipped images.", advanced=True,
+                             label="Horizontal flip augmentation")
+    shuffle_caption: bool = setting(False, "Shuffle the comma-separated tags of each caption.",
+                                    label="Shuffle caption tags")
     keep_tokens: int = setting(
-        0, "Keep the first N tags in place when shuffling or dropping tags.", ge=0, le=255
+        0, "Keep the first N tags in place when shuffling or dropping tags.", ge=0, le=255,
+        label="Tags kept in place",
     )
     caption_dropout_rate: float = setting(
-        0.0, "Probability of training an image with an empty caption.", advanced=True, ge=0, le=1
+        0.0, "Probability of training an image with an empty caption.", advanced=True, ge=0, le=1,
+        label="Caption dropout rate",
     )
     caption_tag_dropout_rate: float = setting(
-        0.0, "Probability of dropping each tag (past keep_tokens).", advanced=True, ge=0, le=1
+        0.0, "Probability of dropping each tag (past keep_tokens).", advanced=True, ge=0, le=1,
+        label="Tag dropout rate",
     )
     caption_prefix: Optional[str] = setting(
-        None, "Text put before every caption.", advanced=True
+        None, "Text put before every caption.", advanced=True,
+        label="Caption prefix",
     )
-    caption_suffix: Optional[str] = setting(None, "Text put after every caption.", advanced=True)
-    cache_latents: bool = setting(True, "Encode every image once and keep the latents.")
+    caption_suffix: Optional[str] = setting(None, "Text put after every caption.", advanced=True,
+                                            label="Caption suffix")
+    cache_latents: bool = setting(True, "Encode every image once and keep the latents.",
+                                  label="Cache latents")
     cache_latents_to_disk: bool = setting(
-        False, "Keep the latent cache on disk, reused by the next run on the same data."
+        False, "Keep the latent cache on disk, reused by the next run on the same data.",
+        label="Cache latents on disk",
     )
     cache_dir: Optional[str] = setting(
         None, "Folder of the disk latent cache; unset uses .cache inside train_data_dir.",
         advanced=True, widget="dir",
+        label="Latent cache folder",
     )
     cache_text_encoder_outputs: bool = setting(
         False, "Encode each caption once (only when the text encoder is frozen and captions "
         "do not change per step).", advanced=True,
+        label="Cache text-encoder outputs",
+    )
+    validation_split: Optional[float] = setting(
+        None, "Hold out this fraction of the training images (the same ones every run, picked "
+        "by training.seed; not trained on) and measure a validation loss on them.",
+        gt=0, le=0.5,
+        label="Validation fraction",
+    )
+    validation_data_dir: Optional[str] = setting(
+        None, "A folder of N_concept subfolders of validation images (not trained on), "
+        "instead of validation_split.", advanced=True, widget="dir",
+        label="Validation images folder",
     )
 
 
 class NetworkSection(Section):
-    network_dim: int = setting(8, "LoRA rank.", modes=("lora",), ge=1, le=1024)
+    network_dim: int = setting(8, "LoRA rank.", modes=("lora",), ge=1, le=1024,
+                               label="Network rank (dim)")
     network_alpha: float = setting(
-        4.0, "LoRA alpha; the update is scaled by alpha / rank.", modes=("lora",), gt=0, le=4096
+        4.0, "LoRA alpha; the update is scaled by alpha / rank.", modes=("lora",), gt=0, le=4096,
+        label="Network alpha",
     )
     network_dropout: Optional[float] = setting(
-        None, "Dropout on the LoRA path.", modes=("lora",), advanced=True, ge=0, lt=1
+        None, "Dropout on the LoRA path.", modes=("lora",), advanced=True, ge=0, lt=1,
+        label="Network dropout",
     )
     conv_dim: Optional[int] = setting(
         None, "Rank of LoRA on the 3x3 convolutions too (LoCon); unset trains attention only.",
         modes=("lora",), advanced=True, ge=1, le=1024,
+        label="Convolution rank (LoCon)",
     )
     conv_alpha: Optional[float] = setting(
         None, "Alpha of the convolution LoRA; unset uses conv_dim.", modes=("lora",),
         advanced=True, gt=0, le=4096,
+        label="Convolution alpha",
     )
-    train_unet: bool = setting(True, "Train the UNet.", modes=("lora", "dreambooth"))
+    train_unet: bool = setting(True, "Train the UNet.", modes=("lora", "dreambooth"),
+                               label="Train the UNet")
     train_text_encoder: bool = setting(
-        False, "Train the text encoder too.", modes=("lora", "dreambooth")
+        False, "Train the text encoder too.", modes=("lora", "dreambooth"),
+        label="Train the text encoder",
     )
     train_text_encoder_2: Optional[bool] = setting(
         None, "SDXL only: train the second text encoder (OpenCLIP bigG); unset follows "
         "train_text_encoder.", modes=("lora", "dreambooth"), advanced=True,
+        label="Train SDXL's second text encoder",
     )
     stop_text_encoder_training: Optional[int] = setting(
         None, "Freeze the text encoder after this many steps (it trains until then).",
         modes=("lora", "dreambooth"), advanced=True, ge=1,
+        label="Stop text-encoder training after (steps)",
     )
     token_string: Optional[str] = setting(
         None, "The new token that the embedding learns, e.g. <my-cat>.",
         modes=("textual_inversion",),
+        label="Token",
     )
     init_word: Optional[str] = setting(
         None, "Word(s) whose embedding starts the token; with several tokens, vector i starts "
         "from token i (repeated when there are fewer); unset starts from their mean.",
         modes=("textual_inversion",),
+        label="Initial word(s)",
     )
     num_vectors_per_token: int = setting(
         1, "Number of embedding vectors for the token.", modes=("textual_inversion",),
         ge=1, le=75,
+        label="Vectors per token",
     )
     caption_templates: Optional[Literal["object", "style"]] = setting(
         None, "Train on built-in captions ('a photo of a <token>', ... or 'a painting in the "
         "style of <token>', ...) instead of the dataset's; unset: every caption must hold "
         "the token.", modes=("textual_inversion",),
+        label="Built-in caption templates",
     )
 
 
@@ -218,35 +278,45 @@ SchedulerName = Literal[
 
 
 class OptimizerSection(Section):
-    optimizer_type: OptimizerName = setting("AdamW", "Optimizer.")
-    learning_rate: float = setting(1e-4, "Base learning rate.", gt=0, le=10)
+    optimizer_type: OptimizerName = setting("AdamW", "Optimizer.", label="Optimizer")
+    learning_rate: float = setting(1e-4, "Base learning rate.", gt=0, le=10, label="Learning rate")
     unet_lr: Optional[float] = setting(
         None, "Learning rate of the UNet; unset uses learning_rate.", modes=("lora", "dreambooth"),
         advanced=True, gt=0, le=10,
+        label="UNet learning rate",
     )
     text_encoder_lr: Optional[float] = setting(
         None, "Learning rate of the text encoder; unset uses learning_rate.",
         modes=("lora", "dreambooth"), advanced=True, gt=0, le=10,
+        label="Text-encoder learning rate",
     )
     text_encoder_2_lr: Optional[float] = setting(
         None, "SDXL only: learning rate of the second text encoder; unset uses "
         "text_encoder_lr.", modes=("lora", "dreambooth"), advanced=True, gt=0, le=10,
+        label="Second text-encoder learning rate",
     )
-    weight_decay: float = setting(0.01, "Weight decay.", advanced=True, ge=0, le=1)
+    weight_decay: float = setting(0.01, "Weight decay.", advanced=True, ge=0, le=1,
+                                  label="Weight decay")
     optimizer_args: dict[str, Union[bool, int, float, str]] = setting(
         {}, "Extra keyword arguments for the optimizer, e.g. {d_coef = 2.0} for Prodigy.",
         advanced=True, widget="dict",
+        label="Optimizer arguments",
     )
-    lr_scheduler: SchedulerName = setting("constant", "Learning-rate schedule.")
-    lr_warmup_steps: int = setting(0, "Warm-up steps at the start of the schedule.", ge=0)
+    lr_scheduler: SchedulerName = setting("constant", "Learning-rate schedule.",
+                                          label="Learning-rate schedule")
+    lr_warmup_steps: int = setting(0, "Warm-up steps at the start of the schedule.", ge=0,
+                                   label="Learning-rate warm-up steps")
     lr_scheduler_num_cycles: int = setting(
-        1, "Restarts of cosine_with_restarts.", advanced=True, ge=1, le=1000
+        1, "Restarts of cosine_with_restarts.", advanced=True, ge=1, le=1000,
+        label="Cosine restarts",
     )
     lr_scheduler_power: float = setting(
-        1.0, "Power of the polynomial schedule.", advanced=True, gt=0, le=100
+        1.0, "Power of the polynomial schedule.", advanced=True, gt=0, le=100,
+        label="Polynomial power",
     )
     max_grad_norm: float = setting(
-        1.0, "Clip gradients to this norm; 0 turns clipping off (as in sd-scripts).", ge=0
+        1.0, "Clip gradients to this norm; 0 turns clipping off (as in sd-scripts).", ge=0,
+        label="Gradient clipping norm",
     )
 
 
@@ -254,101 +324,143 @@ class TrainingSection(Section):
     max_train_epochs: Optional[int] = setting(
         None, "Train this many epochs; with neither this nor max_train_steps set, one epoch.",
         ge=1, le=100000,
+        label="Epochs",
     )
     max_train_steps: Optional[int] = setting(
         None, "Train this many optimizer steps; when both are set the first reached wins.",
         ge=1, le=10_000_000,
+        label="Maximum steps",
     )
-    train_batch_size: int = setting(1, "Images per batch.", ge=1, le=1024)
+    train_batch_size: int = setting(1, "Images per batch.", ge=1, le=1024, label="Batch size")
     gradient_accumulation_steps: int = setting(
-        1, "Batches summed into one optimizer step.", advanced=True, ge=1, le=1024
+        1, "Batches summed into one optimizer step.", advanced=True, ge=1, le=1024,
+        label="Gradient accumulation steps",
     )
     mixed_precision: Literal["auto", "no", "fp16", "bf16"] = setting(
-        "auto", "Compute precision; auto picks what the device does best."
+        "auto", "Compute precision; auto picks what the device does best.",
+        label="Mixed precision",
     )
     full_bf16: bool = setting(
         False, "Keep the trained weights in bf16 too (saves memory; needs bf16 precision).",
         advanced=True,
+        label="Full bf16 weights",
+    )
+    resume: Optional[str] = setting(
+        None, "Continue from a saved state: its folder, or 'latest' for the newest complete "
+        "state in saving.output_dir.", widget="dir",
+        label="Resume from a saved state",
     )
     gradient_checkpointing: bool = setting(
-        False, "Recompute activations in the backward pass to save memory.", advanced=True
+        False, "Recompute activations in the backward pass to save memory.", advanced=True,
+        label="Gradient checkpointing",
     )
-    seed: int = setting(42, "Random seed.", ge=0, le=2**32 - 1)
+    seed: int = setting(42, "Random seed.", ge=0, le=2**32 - 1, label="Seed")
     zero_terminal_snr: bool = setting(
         False, "Rescale the noise schedule to zero terminal SNR (Lin et al. 2024); for "
         "v-prediction models. Samples use the same schedule.", advanced=True,
+        label="Zero terminal SNR",
     )
     noise_offset: Optional[float] = setting(
         None, "Noise offset (Guttenberg 2023): lets the model learn darker and brighter images.",
         advanced=True, ge=0, le=1,
+        label="Noise offset",
     )
     min_snr_gamma: Optional[float] = setting(
         None, "Min-SNR loss weighting gamma (Hang et al. 2023); 5 is the paper's value.",
         advanced=True, gt=0, le=100,
+        label="Min-SNR gamma",
     )
     prior_loss_weight: float = setting(
         1.0, "Weight of the regularization images' loss.", modes=("lora", "dreambooth"),
         advanced=True, ge=0, le=100,
+        label="Prior-preservation loss weight",
     )
     log_with: Literal["none", "tensorboard"] = setting(
-        "tensorboard", "Write training logs for TensorBoard into logging_dir.", advanced=True
+        "tensorboard", "Write training logs for TensorBoard into logging_dir.", advanced=True,
+        label="Logging",
     )
     logging_dir: Optional[str] = setting(
         None, "Folder of the TensorBoard logs; unset uses logs inside output_dir.",
         advanced=True, widget="dir",
+        label="Log folder",
+    )
+    validate_every_n_steps: Optional[int] = setting(
+        None, "Measure the validation loss every N steps (at fixed timesteps and noise, so the "
+        "values compare); unset: at the end of every epoch.", advanced=True, ge=1,
+        label="Validate every N steps",
     )
 
 
 class SamplingSection(Section):
     sample_prompts: list[str] = setting(
-        [], "Prompts of the sample images, one per line.", widget="list"
+        [], "Prompts of the sample images, one per line.", widget="list",
+        label="Sample prompts",
     )
     sample_every_n_steps: Optional[int] = setting(
-        None, "Make sample images every N steps.", ge=1
+        None, "Make sample images every N steps.", ge=1,
+        label="Sample every N steps",
     )
     sample_every_n_epochs: Optional[int] = setting(
-        None, "Make sample images every N epochs.", ge=1
+        None, "Make sample images every N epochs.", ge=1,
+        label="Sample every N epochs",
     )
     sample_sampler: Literal["ddim", "euler", "euler_a", "dpmsolver++"] = setting(
-        "euler_a", "Sampler of the sample images.", advanced=True
+        "euler_a", "Sampler of the sample images.", advanced=True,
+        label="Sampler",
     )
     sample_steps: int = setting(20, "Denoising steps per sample image.", advanced=True, ge=1,
-                                le=1000)
+                                le=1000, label="Sampling steps")
     sample_guidance_scale: float = setting(
-        7.0, "Classifier-free guidance scale of the samples.", advanced=True, ge=0, le=50
+        7.0, "Classifier-free guidance scale of the samples.", advanced=True, ge=0, le=50,
+        label="Guidance scale (CFG)",
     )
     sample_seed: int = setting(0, "Seed of the sample images.", advanced=True, ge=0,
-                               le=2**32 - 1)
+                               le=2**32 - 1, label="Sample seed")
 
 
 class SavingSection(Section):
-    output_dir: str = setting("output", "Folder that receives the trained files.", widget="dir")
+    output_dir: str = setting("output", "Folder that receives the trained files.", widget="dir",
+                              label="Output folder")
     output_name: str = setting(
         "last", "File name (without extension) of the trained files.",
         pattern=r"^[^/\\:*?\"<>|]+$", min_length=1, max_length=200,
+        label="Output name",
     )
     save_precision: Literal["fp32", "fp16", "bf16"] = setting(
-        "fp16", "Precision of the saved weights."
+        "fp16", "Precision of the saved weights.",
+        label="Save precision",
     )
     save_every_n_epochs: Optional[int] = setting(
-        None, "Also save <name>-<epoch>.safetensors every N epochs.", ge=1
+        None, "Also save <name>-<epoch>.safetensors every N epochs.", ge=1,
+        label="Save every N epochs",
     )
     save_every_n_steps: Optional[int] = setting(
-        None, "Also save <name>-step<step>.safetensors every N steps.", advanced=True, ge=1
+        None, "Also save <name>-step<step>.safetensors every N steps.", advanced=True, ge=1,
+        label="Save every N steps",
+    )
+    save_state: bool = setting(
+        False, "Also save the training state (<name>-step<N>-state/) with every save, on Stop "
+        "and at the end, so that training.resume can continue the run exactly.",
+        label="Save the training state",
     )
     intermediate_diffusers: bool = setting(
         False, "Intermediate saves also write a diffusers folder (the final save always does).",
         modes=("dreambooth",), advanced=True,
+        label="Intermediate diffusers folders",
     )
-    metadata_title: Optional[str] = setting(None, "Title in the file's metadata.", advanced=True)
+    metadata_title: Optional[str] = setting(None, "Title in the file's metadata.", advanced=True,
+                                            label="Title")
     metadata_author: Optional[str] = setting(
-        None, "Author in the file's metadata.", advanced=True
+        None, "Author in the file's metadata.", advanced=True,
+        label="Author",
     )
     metadata_description: Optional[str] = setting(
-        None, "Description in the file's metadata.", advanced=True, widget="textarea"
+        None, "Description in the file's metadata.", advanced=True, widget="textarea",
+        label="Description",
     )
     metadata_license: Optional[str] = setting(
-        None, "License in the file's metadata.", advanced=True
+        None, "License in the file's metadata.", advanced=True,
+        label="License",
     )
 
 
@@ -369,7 +481,8 @@ class TrainConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     schema_version: int = Field(SCHEMA_VERSION, ge=1, le=SCHEMA_VERSION)
-    mode: Mode = setting("lora", "What is trained: a LoRA, the whole model, or an embedding.")
+    mode: Mode = setting("lora", "What is trained: a LoRA, the whole model, or an embedding.",
+                         label="Training mode")
     model: ModelSection = Field(default_factory=ModelSection)
     dataset: DatasetSection = Field(default_factory=DatasetSection)
     network: NetworkSection = Field(default_factory=NetworkSection)

@@ -240,6 +240,43 @@ def empty_cache(info: DeviceInfo, torch_module: Any = None) -> None:
         torch.mps.empty_cache()
 
 
+def _backend_module(info: DeviceInfo, torch: Any) -> Any:
+    return {"cuda": torch.cuda, "rocm": torch.cuda, "xpu": getattr(torch, "xpu", None),
+            "mps": getattr(torch, "mps", None)}.get(info.backend)
+
+
+def device_rng_state(info: DeviceInfo, torch_module: Any = None) -> Any:
+    """The device's random generator state (None on the CPU), for an exact resume."""
+    torch = _torch(torch_module)
+    module = _backend_module(info, torch)
+    if module is None:
+        return None
+    if info.backend == "mps":
+        return module.get_rng_state()
+    return module.get_rng_state_all()
+
+
+def set_device_rng_state(info: DeviceInfo, state: Any, torch_module: Any = None) -> None:
+    torch = _torch(torch_module)
+    module = _backend_module(info, torch)
+    if module is None or state is None:
+        return
+    if info.backend == "mps":
+        module.set_rng_state(state)
+    else:
+        module.set_rng_state_all(state)
+
+
+def memory_in_use(info: DeviceInfo, torch_module: Any = None) -> Optional[int]:
+    """The most memory the run held on the device (bytes), where the backend can tell."""
+    torch = _torch(torch_module)
+    module = _backend_module(info, torch)
+    try:
+        return int(module.max_memory_allocated()) if module is not None else None
+    except Exception:  # noqa: BLE001 - a backend without the counter
+        return None
+
+
 def configure_cpu_threads(info: DeviceInfo, torch_module: Any = None,
                           cores: Optional[int] = None) -> Optional[int]:
     """On the CPU backend, leave one core to the rest of the machine (the UI, the browser).

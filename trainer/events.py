@@ -64,6 +64,16 @@ class Step:
 
 
 @dataclass(frozen=True)
+class Validation:
+    """The loss on the validation images at fixed timesteps and fixed noise, so that it
+    compares from step to step (trainer/validation.py)."""
+
+    step: int
+    loss: float
+    images: int
+
+
+@dataclass(frozen=True)
 class Sample:
     step: int
     paths: tuple[str, ...]
@@ -75,6 +85,7 @@ class Checkpoint:
     step: int
     epoch: int
     path: str
+    state: Optional[str] = None  # the training state folder saved with it (saving.save_state)
 
 
 @dataclass(frozen=True)
@@ -87,7 +98,7 @@ class Finished:
     error: Optional[str] = None
 
 
-Event = Union[Log, Progress, Started, Step, Sample, Checkpoint, Finished]
+Event = Union[Log, Progress, Started, Step, Validation, Sample, Checkpoint, Finished]
 
 
 class EventSink(Protocol):

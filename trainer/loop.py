@@ -41,6 +41,7 @@ def run(cfg: TrainConfig, sink: Optional[EventSink] = None,
         job.log("Stopped before the first step; nothing was trained or saved")
         result = Finished("stopped", 0)
     except Exception as exc:  # noqa: BLE001 - every failure becomes a Finished event
+        exc = _explained(exc, job)
         expected = _is_user_error(exc)
         if not expected:
             log.exception("training failed")
@@ -56,6 +57,16 @@ def run(cfg: TrainConfig, sink: Optional[EventSink] = None,
 
 class _StoppedBeforeTraining(Exception):
     """Stop was pressed while the data or the model were being prepared."""
+
+
+def _explained(exc: Exception, job: _Job) -> Exception:
+    """Out of device memory becomes advice for this config (the memory is freed after)."""
+    from trainer.failures import is_out_of_memory, out_of_memory
+
+    if not is_out_of_memory(exc):
+        return exc
+    info = job.session.device_info if job.session is not None else None
+    return out_of_memory(job.cfg, info, job.step + 1)
 
 
 def _is_user_error(exc: Exception) -> bool:
@@ -74,6 +85,8 @@ class _Job:
         self.session = None
         self.started_at = time.time()
         self._sampled_at: Optional[int] = None
+        self.epoch, self.position, self.epoch_done = 1, 0, False
+        self.meter = Meter()
 
     # the Reporter of trainer.session
     def log(self, message: str, level: str = "info") -> None:
@@ -114,19 +127,26 @@ class _Job:
 
     # -- the loop -----------------------------------------------------------------------------
     def _loop(self) -> str:
+        from trainer.failures import check_loss
         from trainer.step import batch_loss
 
         s, cfg = self.session, self.cfg
-        acc, plan, model = s.accelerator, s.plan, s.model
+        acc, plan, model, start = s.accelerator, s.plan, s.model, s.progress
         params = [p for g in s.optimizer.param_groups for p in g["params"]]
-        meter = Meter()
-        for epoch in range(1, plan.epochs + 1):
-            for batch in s.data.epoch(epoch, cfg.training.train_batch_size, cfg.training.seed):
+        self.step, self.epoch, self._sampled_at = start.step, start.epoch, start.sampled_at
+        self.meter.losses.extend(start.losses)
+        for epoch in range(start.epoch, plan.epochs + 1):
+            self.epoch, self.epoch_done = epoch, False
+            self.position = start.position if epoch == start.epoch else 0
+            for batch in s.data.epoch(epoch, cfg.training.train_batch_size, cfg.training.seed,
+                                      skip=self.position):
+                self.position += 1
                 with acc.accumulate(*s.trained):
                     loss = batch_loss(batch, model, cfg, acc.device, s.dtype)
+                    check_loss(loss, self.step + 1, cfg, s.precision, batch.paths)
                     acc.backward(loss)
-                    if acc.sync_gradients and cfg.optimizer.max_grad_norm > 0:
-                        acc.clip_grad_norm_(params, cfg.optimizer.max_grad_norm)
+                    if acc.sync_gradients:
+                        self._clip(params)
                     s.optimizer.step()
                     s.optimizer.zero_grad(set_to_none=True)
                 if not acc.sync_gradients:
@@ -136,21 +156,31 @@ class _Job:
                 note = s.method.after_step(model, self.step)
                 if note:
                     self.log(note)
-                self._after_step(epoch, loss.item(), meter)
+                self._after_step(epoch, loss.item())
                 if self.control.stop_requested:
                     self.log(f"Stop requested: saving at step {self.step}")
                     self._save(epoch, "")
                     return "stopped"
                 if self.step >= plan.total_steps:
                     break
+            else:  # every batch of the epoch was trained
+                self.epoch_done = True
             self._after_epoch(epoch)
             if self.step >= plan.total_steps:
                 break
-        self._save(min(epoch, plan.epochs), "")
+        self._save(min(self.epoch, plan.epochs), "")
         return "finished"
 
-    def _after_step(self, epoch: int, loss: float, meter: Meter) -> None:
-        s, step = self.session, self.step
+    def _clip(self, params: list) -> None:
+        """Clip the gradients (max_grad_norm 0: measure only) and refuse non-finite ones."""
+        from trainer.failures import check_grad_norm
+
+        s, max_norm = self.session, self.cfg.optimizer.max_grad_norm
+        norm = s.accelerator.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
+        check_grad_norm(norm, self.step + 1, self.cfg, s.precision)
+
+    def _after_step(self, epoch: int, loss: float) -> None:
+        s, step, meter = self.session, self.step, self.meter
         meter.update(loss, time.time())
         lr = s.scheduler.get_last_lr()[0]
         self.emit(Step(step=step, total_steps=s.plan.total_steps, epoch=epoch, loss=loss,
@@ -159,27 +189,40 @@ class _Job:
         if self.cfg.training.log_with != "none":
             s.accelerator.log({"loss": loss, "loss_avg": meter.loss_avg, "lr": lr}, step=step)
         sv, sm = self.cfg.saving, self.cfg.sampling
+        if self.control.take_sample_request() or (
+                sm.sample_every_n_steps and step % sm.sample_every_n_steps == 0):
+            self._samples()
         if self.control.take_save_request() or (
                 sv.save_every_n_steps and step % sv.save_every_n_steps == 0
                 and step < s.plan.total_steps):
             self._save(epoch, f"-step{step:08d}")
-        if self.control.take_sample_request() or (
-                sm.sample_every_n_steps and step % sm.sample_every_n_steps == 0):
-            self._samples()
 
     def _after_epoch(self, epoch: int) -> None:
+        """At an epoch's end, and at the end of a last epoch cut short by max_train_steps (a
+        state saved then continues inside that epoch: ``epoch_done`` stays off)."""
         sv, sm = self.cfg.saving, self.cfg.sampling
+        if sm.sample_every_n_epochs and epoch % sm.sample_every_n_epochs == 0:
+            self._samples()
         if sv.save_every_n_epochs and epoch % sv.save_every_n_epochs == 0 \
                 and epoch < self.session.plan.epochs:
             self._save(epoch, f"-{epoch:06d}")
-        if sm.sample_every_n_epochs and epoch % sm.sample_every_n_epochs == 0:
-            self._samples()
+
+    def _progress(self):
+        from trainer.state import Progress
+
+        done = self.epoch_done
+        return Progress(step=self.step, epoch=self.epoch + 1 if done else self.epoch,
+                        position=0 if done else self.position,
+                        micro_step=self.session.accelerator.step,
+                        losses=list(self.meter.losses), sampled_at=self._sampled_at)
 
     # -- outputs ------------------------------------------------------------------------------
     def _save(self, epoch: int, suffix: str) -> None:
         from trainer.outputs import save_checkpoint
 
-        path = save_checkpoint(self.session, self, epoch, self.step, suffix, self.started_at)
+        progress = self._progress() if self.cfg.saving.save_state else None
+        path = save_checkpoint(self.session, self, epoch, self.step, suffix, self.started_at,
+                               progress)
         if not suffix:
             self.output_path = str(path)
 

@@ -44,15 +44,27 @@ def run_facts(s: Any, epoch: int, step: int, started_at: float):
 
 
 def save_checkpoint(s: Any, out: Any, epoch: int, step: int, suffix: str,
-                    started_at: float) -> Path:
-    """Save what was trained; suffix ``""`` is the run's final output."""
+                    started_at: float, progress: Any = None) -> Path:
+    """Save what was trained; suffix ``""`` is the run's final output. With ``progress`` (a
+    :class:`trainer.state.Progress`) the training state is saved beside it."""
+    from trainer.failures import disk_full
+    from trainer.state import save_state
+
     cfg = s.cfg
     path = Path(cfg.saving.output_dir) / f"{cfg.saving.output_name}{suffix}.safetensors"
     facts = run_facts(s, epoch, step, started_at)
-    s.method.save(path, s.model, facts, final=not suffix)
-    config_io.save(cfg, path.with_suffix(".toml"))
-    out.log(f"Saved {path}")
-    out.emit(Checkpoint(step=step, epoch=epoch, path=str(path)))
+    try:
+        s.method.save(path, s.model, facts, final=not suffix)
+        config_io.save(cfg, path.with_suffix(".toml"))
+        state = save_state(s, progress) if progress is not None else None
+    except OSError as exc:
+        full = disk_full(exc, path)
+        if full is None:
+            raise
+        raise full from None
+    out.log(f"Saved {path}" + (f" and the training state {state}" if state else ""))
+    out.emit(Checkpoint(step=step, epoch=epoch, path=str(path),
+                        state=str(state) if state else None))
     return path
 
 

@@ -21,6 +21,7 @@ import torch
 from trainer.config import TrainConfig
 from trainer.events import Event
 from trainer.plan import StepPlan, plan_steps
+from trainer.state import Progress
 from trainer.step import encode_captions, encode_images
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ class Session:
     scheduler: Any = None
     trained: list[Any] = field(default_factory=list)  # the modules with trained parameters
     base_model_hash: Optional[str] = None
+    progress: Progress = field(default_factory=Progress)  # where the loop starts (resume)
 
     def release(self) -> None:
         """Drop the models and free the device memory (the GUI process lives on)."""
@@ -77,9 +79,13 @@ def prepare(s: Session, out: Reporter) -> None:
     """Build ``s`` stage by stage; raises on bad input, with the setting or file named."""
     from trainer.class_images import ensure_class_images
     from trainer.data import prepare_dataset
+    from trainer.failures import check_output_dir
     from trainer.methods import get_method
     from trainer.models.loader import load_base_model
+    from trainer.state import load_state, resolve_resume
 
+    check_output_dir(s.cfg)
+    resume = resolve_resume(s.cfg) if s.cfg.training.resume else None
     _device(s, out)
     s.method = get_method(s.cfg)
     s.data = prepare_dataset(s.cfg, warn=lambda m: out.log(m, "warning"))
@@ -99,6 +105,11 @@ def prepare(s: Session, out: Reporter) -> None:
                         tr.gradient_accumulation_steps, tr.max_train_steps, tr.max_train_epochs)
     _optimizer(s, groups)
     s.base_model_hash = _base_hash(s.model.source)
+    if resume is not None:
+        s.progress = load_state(s, resume)
+        s.method.after_step(s.model, s.progress.step)  # e.g. a text encoder frozen by then
+        out.log(f"Resumed from {resume} at step {s.progress.step} (epoch {s.progress.epoch}, "
+                f"{s.progress.position} batches into it)")
 
 
 def _device(s: Session, out: Reporter) -> None:

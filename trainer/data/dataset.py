@@ -167,10 +167,12 @@ class TrainingData:
         self._text = TextCache.build(self.final_captions(), encode_text, batch_size)
         return len(self._text)
 
-    def epoch(self, epoch: int, batch_size: int, seed: int) -> Iterator[Batch]:
-        """The batches of ``epoch``; their number is ``steps_per_epoch(batch_size)``."""
+    def epoch(self, epoch: int, batch_size: int, seed: int, skip: int = 0) -> Iterator[Batch]:
+        """The batches of ``epoch``; their number is ``steps_per_epoch(batch_size)``. ``skip``
+        leaves out the first batches (a resumed run): the rest are exactly as they would be."""
         for step, indices in enumerate(plan_epoch(self._groups, batch_size, seed, epoch)):
-            yield self._batch(indices, random.Random(f"{seed}:{epoch}:{step}"))
+            if step >= skip:
+                yield self._batch(indices, random.Random(f"{seed}:{epoch}:{step}"))
 
     def _pixels(self, index: int, flip: bool, geometry: tuple[Size, tuple]) -> torch.Tensor:
         rgb = load_image(self.entries[index].path).rgb
