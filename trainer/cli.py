@@ -4,6 +4,8 @@
     python -m trainer doctor
     python -m trainer tiny-model DIR
     python -m trainer example-config [--check]
+    python -m trainer inspect | merge | resize | extract | caption | tag ...  (the tools; see
+        trainer/tools/cli.py or `python -m trainer TOOL --help`)
 
 Config errors print one line per problem (naming the dotted key) and exit with status 2.
 """
@@ -134,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     example = sub.add_parser("example-config", help="write config_example.toml from the schema")
     example.add_argument("--check", action="store_true", help="only check that it is fresh")
     example.set_defaults(func=_example_config)
+    from trainer.tools.cli import add_tool_commands
+
+    add_tool_commands(sub)
     return parser
 
 

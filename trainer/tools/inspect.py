@@ -1,0 +1,190 @@
+"""What a LoRA, LyCORIS or embedding file holds, in words and numbers.
+
+The report gives the network type (from the tensors' suffixes, refined by ``ss_network_module``
+and ``ss_network_args`` as sd-scripts and LyCORIS write them), the model family (from
+``ss_base_model_version`` / ``modelspec.architecture``, else from the key names and the layer
+widths: a cross-attention input of 768 is SD 1.x, 1024 SD 2.x, 2048 SDXL), rank and alpha per
+module, the modules per model part, each module's update norm (:meth:`LoraModule.norm`), and
+the training facts of the ``ss_*`` / ``modelspec.*`` metadata in readable form
+(:mod:`trainer.tools.metadata_view`).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from trainer.tools.lora_file import LoraFile, LoraModule, read_lora
+from trainer.tools.metadata_view import training_facts, training_tags
+from trainer.tools.options import InspectOptions
+
+FAMILY_NAMES = {"sd1": "SD 1.x", "sd2": "SD 2.x", "sdxl": "SDXL"}
+CROSS_ATTENTION_WIDTHS = {768: "sd1", 1024: "sd2", 2048: "sdxl"}
+TEXT_WIDTHS = {768: "sd1", 1024: "sd2"}
+PART_NAMES = {"unet": "UNet", "te": "text encoder", "te1": "text encoder 1",
+              "te2": "text encoder 2", "other": "other"}
+KIND_NAMES = {"lora": "LoRA", "loha": "LoHa", "lokr": "LoKr", "full": "full weight difference",
+              "ia3": "(IA)^3", "unknown": "unknown"}
+SGM_BLOCKS = ("lora_unet_input_blocks_", "lora_unet_middle_block_", "lora_unet_output_blocks_")
+
+
+@dataclass
+class ModuleStat:
+    name: str
+    part: str
+    kind: str
+    rank: Optional[int]
+    alpha: Optional[float]
+    norm: float
+    conv: bool
+
+
+@dataclass
+class InspectReport:
+    path: str
+    network_type: str
+    family: str  # sd1 / sd2 / sdxl / unknown
+    family_reason: str
+    modules: list[ModuleStat] = field(default_factory=list)
+    facts: list[tuple[str, str]] = field(default_factory=list)
+    tags: list[tuple[str, int]] = field(default_factory=list)
+    metadata: dict[str, str] = field(default_factory=dict)
+    unknown_keys: list[str] = field(default_factory=list)
+    embedding: dict[str, tuple[int, int]] = field(default_factory=dict)  # key -> (n, dim)
+
+    def parts(self) -> dict[str, int]:
+        return dict(collections.Counter(m.part for m in self.modules))
+
+
+def summary(values: list[Any]) -> Optional[tuple[Any, Any, Any]]:
+    """(min, max, most common) of the values that are known."""
+    known = [v for v in values if v is not None]
+    if not known:
+        return None
+    return min(known), max(known), collections.Counter(known).most_common(1)[0][0]
+
+
+def in_features(module: LoraModule) -> Optional[int]:
+    t = module.tensors
+    if "lora_down.weight" in t:
+        return t["lora_down.weight"].shape[1]
+    if "hada_w1_b" in t:
+        return t["hada_w1_b"].shape[1]
+    if "diff" in t:
+        return t["diff"].shape[1]
+    return None
+
+
+def family_from_metadata(meta: dict[str, str]) -> Optional[str]:
+    version = meta.get("ss_base_model_version", "")
+    arch = meta.get("modelspec.architecture", "")
+    for prefix, family in (("sdxl", "sdxl"), ("sd_v2", "sd2"), ("sd_v1", "sd1")):
+        if version.startswith(prefix):
+            return family
+    for prefix, family in (("stable-diffusion-xl", "sdxl"), ("stable-diffusion-v2", "sd2"),
+                           ("stable-diffusion-v1", "sd1")):
+        if arch.startswith(prefix):
+            return family
+    return None
+
+
+def family_from_tensors(lora: LoraFile) -> tuple[str, str]:
+    if lora.embedding:
+        if "clip_g" in lora.embedding:
+            return "sdxl", "clip_l and clip_g vectors"
+        dim = lora.embedding["emb_params"].shape[-1]
+        return TEXT_WIDTHS.get(dim, "unknown"), f"vectors of width {dim}"
+    names = lora.modules
+    if any(m.part in ("te1", "te2") for m in names.values()) or any(
+            n.startswith(SGM_BLOCKS) for n in names):
+        return "sdxl", "SDXL key names (lora_te1_/lora_te2_, input_blocks)"
+    for suffix, widths, what in (("attn2_to_k", CROSS_ATTENTION_WIDTHS, "cross-attention"),
+                                 ("self_attn_q_proj", TEXT_WIDTHS, "text encoder")):
+        for name, module in names.items():
+            width = in_features(module) if name.endswith(suffix) else None
+            if width is not None:
+                return widths.get(width, "unknown"), f"{what} width {width}"
+    return "unknown", "no metadata and no layer that tells"
+
+
+def detect_family(lora: LoraFile) -> tuple[str, str]:
+    """(family, how it was told)."""
+    family = family_from_metadata(lora.metadata)
+    if family:
+        return family, "from the metadata"
+    family, why = family_from_tensors(lora)
+    return family, f"from the tensors: {why}"
+
+
+def network_type(lora: LoraFile) -> str:
+    if lora.embedding:
+        n = next(iter(lora.embedding.values())).shape[0]
+        return f"textual-inversion embedding, {n} vector{'s' * (n != 1)}"
+    kinds = collections.Counter(m.kind for m in lora.modules.values())
+    words = [KIND_NAMES[k] for k in sorted(kinds, key=lambda k: (-kinds[k], k))]
+    if "lora" in kinds and any(m.is_conv for m in lora.modules.values()):
+        words[words.index("LoRA")] = "LoRA with 3x3 convolutions (LoCon)"
+    module = lora.metadata.get("ss_network_module", "")
+    if module == "networks.dylora":
+        return "DyLoRA: " + " + ".join(words)
+    if module.startswith("lycoris"):
+        try:
+            algo = json.loads(lora.metadata.get("ss_network_args") or "{}").get("algo")
+        except (ValueError, AttributeError):
+            algo = None
+        return f"LyCORIS{f' ({algo})' if algo else ''}: " + " + ".join(words)
+    return " + ".join(words)
+
+
+def inspect(opts: InspectOptions) -> InspectReport:
+    lora = read_lora(opts.path)
+    family, reason = detect_family(lora)
+    report = InspectReport(str(lora.path), network_type(lora), family, reason,
+                           metadata=lora.metadata, unknown_keys=lora.unknown)
+    report.embedding = {k: tuple(v.shape) for k, v in lora.embedding.items()}
+    report.modules = [ModuleStat(m.name, m.part, m.kind, m.rank, m.alpha, m.norm(), m.is_conv)
+                      for m in lora.modules.values()]
+    report.facts = training_facts(lora.metadata)
+    report.tags = training_tags(lora.metadata)[: opts.top_tags]
+    return report
+
+
+def _summary_line(label: str, values: list[Any]) -> Optional[str]:
+    s = summary(values)
+    if s is None:
+        return None
+    low, high, common = s
+    return f"{label}: {common:g}" + ("" if low == high else f" (min {low:g}, max {high:g})")
+
+
+def format_inspect(report: InspectReport, top_modules: int = 10) -> str:
+    """The report as Markdown that reads as plain text in a terminal too."""
+    mods = report.modules
+    lines = [f"### {report.path}", f"- Type: {report.network_type}",
+             f"- Family: {FAMILY_NAMES.get(report.family, report.family)} "
+             f"({report.family_reason})"]
+    if mods:
+        parts = ", ".join(f"{PART_NAMES[p]} {n}" for p, n in report.parts().items())
+        lines.append(f"- Modules: {len(mods)} ({parts})")
+        for label, group in (("Rank", [m for m in mods if not m.conv]),
+                             ("Conv rank", [m for m in mods if m.conv])):
+            rank = _summary_line(label, [m.rank for m in group])
+            alpha = _summary_line("alpha", [m.alpha for m in group])
+            if rank or alpha:
+                lines.append("- " + "; ".join(x for x in (rank, alpha) if x))
+    for key, shape in report.embedding.items():
+        lines.append(f"- {key}: {shape[0]} vectors of width {shape[1]}")
+    if report.unknown_keys:
+        lines.append(f"- {len(report.unknown_keys)} other keys, e.g. {report.unknown_keys[0]}")
+    if report.facts:
+        lines += ["", "#### Training"] + [f"- {k}: {v}" for k, v in report.facts]
+    if report.tags:
+        lines += ["", "#### Most frequent tags"]
+        lines.append(", ".join(f"{tag} ({n})" for tag, n in report.tags))
+    if mods:
+        lines += ["", f"#### Largest updates (Frobenius norm, of {len(mods)})"]
+        for m in sorted(mods, key=lambda m: -m.norm)[:top_modules]:
+            lines.append(f"- {m.name}: {m.norm:.4g}")
+    return "\n".join(lines)
