@@ -1,6 +1,8 @@
-"""The Blocks app: a device banner, one tab per mode plus Utilities, the Training panel, and
-the launch settings (no monitoring endpoint, no analytics, temporary files in the data folder,
-only the output folders served).
+"""The Blocks app: a device banner; the form (one tab per mode plus Utilities) on the left and,
+on a wide screen, the Training panel on the right, which stays in view while the form scrolls
+(Train, Stop, the advisor, progress, curve, log, samples); on a narrow screen (under 1000 px)
+the panel comes above the form. And the launch settings (no monitoring endpoint, no analytics,
+temporary files in the data folder, only the output folders served).
 """
 
 from __future__ import annotations
@@ -17,7 +19,21 @@ log = logging.getLogger(__name__)
 
 TITLE = "Kohya Studio"
 CSS = """
-.ks-log { max-height: 300px; overflow-y: auto; font-family: monospace; font-size: 0.8em;
+.gradio-container { overflow: clip !important; }  /* hidden would stop the panel sticking */
+#studio { align-items: flex-start; flex-wrap: nowrap; gap: 14px; }
+#studio-side { position: sticky; top: 6px; max-height: calc(100vh - 64px); overflow-y: auto;
+               align-self: flex-start; }
+@media (max-width: 1000px) {
+  #studio { flex-direction: column; flex-wrap: wrap; }
+  #studio-side { position: static; max-height: none; order: -1; width: 100%; }
+  #studio-form { width: 100%; }
+}
+#run-row button { min-height: 42px; }
+.ks-small, .ks-small p { font-size: 0.85em; margin: 0; }
+.ks-files { gap: 6px; }
+.ks-field code { font-size: 0.85em; opacity: 0.8; }
+.ks-advice p { margin: 2px 0; }
+.ks-log { max-height: 170px; overflow-y: auto; font-family: monospace; font-size: 0.8em;
           white-space: pre-wrap; padding: 6px; border: 1px solid var(--border-color-primary);
           border-radius: 4px; min-height: 120px; }
 .ks-line:first-child { font-weight: bold; }
@@ -74,29 +90,50 @@ def build_app(runner: Any = None) -> Any:
     configure_environment()
     import gradio as gr
 
+    from kohya_gui import history
     from kohya_gui.panel import build_panel
     from kohya_gui.runner import Runner
     from kohya_gui.tabs import dreambooth, lora, textual_inversion, utilities
 
     info, banner = detect_device()
-    runner = runner or Runner(device_info=info)
+    runner = runner or Runner(device_info=info, history_path=history.default_path())
+    modes = {"lora": ("LoRA", lora), "dreambooth": ("DreamBooth", dreambooth),
+             "textual_inversion": ("Textual Inversion", textual_inversion)}
     with gr.Blocks(title=TITLE, analytics_enabled=False) as demo:
-        gr.Markdown(f"# {TITLE}\n{banner}", elem_id="device-banner")
-        with gr.Tabs():
-            with gr.Tab("LoRA", id="lora"):
-                lora.build(runner)
-            with gr.Tab("DreamBooth", id="dreambooth"):
-                dreambooth.build(runner)
-            with gr.Tab("Textual Inversion", id="textual_inversion"):
-                textual_inversion.build(runner)
-            with gr.Tab("Utilities", id="utilities"):
-                utilities.build()
-        panel = build_panel(runner)
-        panel["load"](demo)
+        gr.Markdown(f"## {TITLE}\n{banner}", elem_id="device-banner")
+        with gr.Row(equal_height=False, elem_id="studio"):
+            with gr.Column(scale=3, min_width=520, elem_id="studio-form"):
+                with gr.Tabs(elem_id="mode-tabs"):
+                    tabs, selects = {}, {}
+                    for mode, (title, module) in modes.items():
+                        with gr.Tab(title, id=mode) as selects[mode]:
+                            tabs[mode] = module.build(runner, controls=False, info=info)
+                    with gr.Tab("Utilities", id="utilities") as selects[None]:
+                        utilities.build()
+            with gr.Column(scale=2, min_width=380, elem_id="studio-side"):
+                panel = build_panel(runner, tabs, info)
+        _wire_page(demo, panel, tabs, selects)
         _api(demo, runner)
     runner.on_start = lambda job: allow_path(demo, job.cfg.saving.output_dir)
     demo.runner = runner
     return demo
+
+
+def _wire_page(demo: Any, panel: dict[str, Any], tabs: dict[str, Any],
+               selects: dict[Any, Any]) -> None:
+    """Selecting a tab shows its mode's Train and advisor; a new page draws the run at once
+    and estimates its forms."""
+    from kohya_gui.panel import show_mode
+
+    shown = [c for pair in panel["modes"].values() for c in pair]
+    for mode, tab_component in selects.items():
+        tab_component.select(lambda mode=mode: show_mode(panel, mode), None, shown,
+                             api_visibility="private", show_progress="hidden")
+    panel["load"](demo)
+    for tab in tabs.values():
+        refresh, outputs = tab.parts["refresh_advice"]
+        demo.load(refresh, tab.form.inputs, outputs, preprocess=False, show_progress="hidden",
+                  api_visibility="private")
 
 
 def _api(demo: Any, runner: Any) -> None:

@@ -2,14 +2,18 @@
 
 Nothing here declares a setting. :func:`field_specs` reads ``trainer.config.iter_fields()`` and
 decides the widget from the type (bool -> checkbox, Literal -> dropdown, int/float -> number with
-the schema's bounds, str -> textbox, list[str] -> one item per line, dict -> TOML text); the help
-text is the schema's. A :class:`Form` keeps ``{dotted path: component}`` and converts
+the schema's bounds, str -> textbox, list[str] -> one item per line, dict -> TOML text); the
+label, the help text and the TOML key under it (in small type, for people who know kohya's
+names) are the schema's. A mode's form has no ``mode`` box: the tab is the mode. A
+:class:`Form` keeps ``{dotted path: component}`` and converts
 
     component values -> raw dict -> ``config_io.from_dict`` -> TrainConfig
     TrainConfig -> component values
 
 so every way into a config (file, preset, CLI, form) is validated by the same code. Optional
-fields: an empty box means unset (``None``).
+fields: an empty box means unset (``None``). :func:`search` finds fields by label, key or help;
+:func:`search_updates` shows only those (opening the sections and "Advanced" parts that hold
+them).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from trainer import config_io
 from trainer.config import TrainConfig, iter_fields, ui_hints
 
 UNSET_LABEL = "(unset)"
+TRISTATE = ("on", "off")  # the choices of an Optional[bool]
 SECTION_TITLES = {
     "": "Mode",
     "model": "Model",
@@ -47,6 +52,7 @@ class FieldSpec:
     path: str
     section: str
     name: str
+    label: str  # what people read; the schema's label hint, else the key
     kind: str  # bool | choice | int | float | text | list | dict | toml
     optional: bool
     help: str
@@ -106,9 +112,12 @@ def field_specs(mode: str | None = None) -> list[FieldSpec]:
             continue
         inner, optional = _unwrap_optional(info.annotation)
         kind, choices = _kind(inner)
+        if kind == "bool" and optional:  # three states: unset, on, off
+            kind, choices = "choice", TRISTATE
         specs.append(FieldSpec(
             path=f"{section}.{name}" if section else name, section=section, name=name,
-            kind=kind, optional=optional, help=info.description or "",
+            label=hints.get("label") or name, kind=kind, optional=optional,
+            help=info.description or "",
             modes=tuple(hints["modes"]), advanced=bool(hints.get("advanced")),
             widget=hints.get("widget"), default=info.get_default(call_default_factory=True),
             choices=choices, bounds=_bounds(info),
@@ -122,6 +131,8 @@ def to_widget(spec: FieldSpec, value: Any) -> Any:
     """A config value as the component shows it."""
     if spec.kind == "bool":
         return bool(value)
+    if spec.choices == TRISTATE and isinstance(value, bool):
+        return "on" if value else "off"
     if spec.kind in ("int", "float"):
         if spec.optional:  # shown in a textbox, see make_component
             return "" if value is None else str(value)
@@ -178,6 +189,8 @@ def from_widget(spec: FieldSpec, value: Any) -> Any:
     """A component value as the raw config value (``None`` = unset); raises FieldProblem."""
     if spec.kind == "bool":
         return bool(value)
+    if spec.choices == TRISTATE and value in TRISTATE:
+        return value == "on"
     if spec.kind in ("int", "float"):
         value = _number(spec, value)
     elif spec.kind == "list":
@@ -210,9 +223,11 @@ class Form:
 
     def __init__(self, mode: str, specs: list[FieldSpec] | None = None):
         self.mode = mode
-        self.specs = {s.path: s for s in (specs if specs is not None else field_specs(mode))}
+        specs = specs if specs is not None else [s for s in field_specs(mode) if s.path != "mode"]
+        self.specs = {s.path: s for s in specs}
         self.components: dict[str, Any] = {}
         self.section_extras: dict[str, Any] = {}  # section -> callable adding components there
+        self.accordions: dict[str, tuple[Any, Any]] = {}  # section -> (section, its Advanced)
 
     @property
     def inputs(self) -> set:
@@ -266,8 +281,9 @@ class Form:
 # --- components ------------------------------------------------------------------------------
 
 def _info(spec: FieldSpec) -> str:
+    """The help under the label, after the TOML key in small code type."""
     extra = " Empty = unset." if spec.optional and spec.kind not in ("bool", "choice") else ""
-    return spec.help + extra
+    return f"`{spec.name}` · {spec.help}{extra}"
 
 
 def _range_words(bounds: dict[str, Any]) -> str:
@@ -280,7 +296,8 @@ def make_component(spec: FieldSpec, value: Any, elem_id: str | None = None) -> A
     """The component of one setting, showing ``value`` (a component value)."""
     import gradio as gr
 
-    common = {"label": spec.name, "info": _info(spec), "elem_id": elem_id}
+    common = {"label": spec.label, "info": _info(spec), "elem_id": elem_id,
+              "elem_classes": ["ks-field"]}
     if spec.path == "mode":  # the tab decides the mode; shown, not edited
         common["interactive"] = False
     if spec.kind == "bool":
@@ -339,12 +356,47 @@ def build_form(form: Form, sections: list[str], per_row: int = 3,
         basic = [s for s in specs if not s.advanced]
         advanced = [s for s in specs if s.advanced]
         with gr.Accordion(titles.get(section, section.title()), open=True,
-                          elem_id=f"{form.mode}-section-{section or 'mode'}"):
+                          elem_id=f"{form.mode}-section-{section or 'mode'}") as outer:
             _grid(form, basic, values, per_row)
+            inner = None
             if advanced:
-                with gr.Accordion("Advanced", open=False):
+                with gr.Accordion("Advanced", open=False,
+                                  elem_id=f"{form.mode}-advanced-{section or 'mode'}") as inner:
                     _grid(form, advanced, values, per_row)
             extra = form.section_extras.get(section)
             if extra is not None:
                 extra()
+        form.accordions[section] = (outer, inner)
     return form
+
+
+# --- search ----------------------------------------------------------------------------------
+
+def search(specs: list[FieldSpec], query: str) -> set[str]:
+    """The paths of the fields whose label, key, dotted path or help hold every word of
+    ``query`` (case does not matter); every field for an empty query."""
+    words = query.lower().split()
+    found = set()
+    for spec in specs:
+        text = " ".join((spec.label, spec.name, spec.path, spec.help)).lower()
+        if all(word in text for word in words):
+            found.add(spec.path)
+    return found
+
+
+def search_updates(form: Form, query: str) -> dict[Any, Any]:
+    """Show the fields that match ``query`` and only those; open the sections and "Advanced"
+    parts that hold a match. An empty query puts the form back as it was built."""
+    import gradio as gr
+
+    found = search(list(form.specs.values()), query)
+    out: dict[Any, Any] = {comp: gr.update(visible=path in found)
+                           for path, comp in form.components.items()}
+    searching = bool(query.strip())
+    for section, (outer, inner) in form.accordions.items():
+        specs = [s for s in form.specs.values() if s.section == section]
+        hits = [s for s in specs if s.path in found]
+        out[outer] = gr.Accordion(visible=bool(hits) or not searching, open=True)
+        if inner is not None:
+            out[inner] = gr.Accordion(open=searching and any(s.advanced for s in hits))
+    return out

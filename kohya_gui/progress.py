@@ -1,8 +1,10 @@
 """How a runner snapshot looks on the page: pure functions from the snapshot to values.
 
 Kept free of gradio so that the tests read them directly: the loss curve as a pandas DataFrame
-(raw and smoothed series), the progress line, the log tail newest-first (a textbox with
-autoscroll does not keep the newest line in view; the top of a box always is), the queue.
+(raw, smoothed and validation series, and optionally a finished run's smoothed and validation
+curves from the job history to compare with), the progress line, the log tail newest-first (a
+textbox with autoscroll does not keep the newest line in view; the top of a box always is), the
+queue.
 """
 
 from __future__ import annotations
@@ -32,27 +34,48 @@ def thin(points: list[list[float]], limit: int = MAX_POINTS) -> list[list[float]
     return picked + [points[-1]]
 
 
-SERIES = ("raw", "smoothed")
+SERIES = ("raw", "smoothed", "validation", "compared", "compared validation")
 
 
-def loss_frame(snap: dict[str, Any]) -> pd.DataFrame:
-    """Columns step, loss, series ("raw" / "smoothed").
+def compared_run(snap: dict[str, Any], job_id: str | None) -> dict[str, Any] | None:
+    """The history entry of ``job_id`` (a finished run to draw beside this one), or None."""
+    if not job_id:
+        return None
+    return next((h for h in snap.get("history", []) if h["job_id"] == job_id
+                 and h.get("smoothed")), None)
+
+
+def comparable_runs(snap: dict[str, Any]) -> list[list[str]]:
+    """[label, job id] of the runs in the history that have a curve."""
+    return [[f"{h['job_id']} ({h['label']}, {h['status']})", h["job_id"]]
+            for h in snap.get("history", []) if h.get("smoothed")]
+
+
+def loss_frame(snap: dict[str, Any], compare: dict[str, Any] | None = None) -> pd.DataFrame:
+    """Columns step, loss, series (:data:`SERIES`); ``compare`` is a history entry.
 
     It always holds one empty (NaN) row per series: gr.LinePlot's page computes the colour
     domain from the data when it builds the chart, and rebuilds only when a setting such as
     x_lim changes; built from an empty frame, later lines would have no colour at all."""
     rows = [(0, math.nan, name) for name in SERIES]
-    rows += [(s, v, "raw") for s, v in thin(snap.get("loss", []))]
-    rows += [(s, v, "smoothed") for s, v in thin(snap.get("smoothed", []))]
+    sources = [("raw", snap.get("loss", [])), ("smoothed", snap.get("smoothed", [])),
+               ("validation", snap.get("validation", []))]
+    if compare is not None:
+        sources += [("compared", compare.get("smoothed", [])),
+                    ("compared validation", compare.get("validation", []))]
+    for name, points in sources:
+        rows += [(s, v, name) for s, v in thin(points)]
     frame = pd.DataFrame(rows, columns=["step", "loss", "series"])
     return frame.astype({"step": "int64", "loss": "float64", "series": "str"})
 
 
-def x_limit(snap: dict[str, Any]) -> list[float]:
-    """The curve's x axis: fixed to [0, total steps] so it does not rescale as points come."""
+def x_limit(snap: dict[str, Any], compare: dict[str, Any] | None = None) -> list[float]:
+    """The curve's x axis: fixed to [0, total steps] so it does not rescale as points come
+    (wide enough for the compared run too)."""
     total = snap.get("total") or 0
     last = snap["loss"][-1][0] if snap.get("loss") else 0
-    return [0, max(total, last, 1)]
+    other = compare["smoothed"][-1][0] if compare and compare.get("smoothed") else 0
+    return [0, max(total, last, other, 1)]
 
 
 def duration(seconds: float | None) -> str:
@@ -97,6 +120,9 @@ def progress_html(snap: dict[str, Any]) -> str:
         ("elapsed", duration(snap.get("elapsed_s"))),
         ("learning rate", f"{lr:.3g}" if lr is not None else "-"),
     ]
+    if snap.get("validation"):
+        step_at, value = snap["validation"][-1]
+        cells.append(("validation loss", f"{value:.4f} (step {step_at})"))
     status = snap["status"]
     parts = [
         f'<div class="ks-status ks-{html.escape(status)}" data-status="{html.escape(status)}">'

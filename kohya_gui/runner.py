@@ -21,40 +21,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from kohya_gui import history
+from kohya_gui.job_state import IDLE, TERMINAL, JobState, curve, smooth  # noqa: F401
 from trainer import config_io
 from trainer.config import TrainConfig
-from trainer.events import (
-    Checkpoint,
-    Control,
-    Event,
-    EventSink,
-    Finished,
-    Log,
-    Progress,
-    Sample,
-    Started,
-    Step,
-)
+from trainer.events import Control, Event, EventSink, Finished
 
 log = logging.getLogger(__name__)
 
 RunFn = Callable[[TrainConfig, EventSink, Control], Optional[Finished]]
-TERMINAL = ("finished", "stopped", "failed")
-SMOOTHING = 0.9  # weight of the past in the smoothed loss (TensorBoard's default is 0.6-0.9)
 
 
 def default_run(cfg: TrainConfig, sink: EventSink, control: Control) -> Finished:
     from trainer.loop import run
 
     return run(cfg, sink, control)
-
-
-def smooth(prev: float, value: float, n: int, beta: float = SMOOTHING) -> tuple[float, float]:
-    """One step of a bias-corrected exponential moving average (Kingma & Ba 2015, sec. 3):
-    returns (new biased average, corrected value); ``n`` counts values so far, this one
-    included."""
-    biased = beta * prev + (1 - beta) * value
-    return biased, biased / (1 - beta ** n)
 
 
 def config_copy_path(cfg: TrainConfig) -> Path:
@@ -72,109 +53,6 @@ class Job:
     submitted: float = field(default_factory=time.time)
 
 
-class JobState:
-    """What the page shows of one job, built from its events."""
-
-    def __init__(self, job: Job, log_lines: int = 200):
-        self.job_id, self.label = job.id, job.label
-        self.status = "running"
-        self.step = self.total = self.epoch = self.epochs = 0
-        self.loss: list[tuple[int, float]] = []
-        self.smoothed: list[tuple[int, float]] = []
-        self._ema, self._n = 0.0, 0
-        self.lr: float | None = None
-        self.it_per_s: float | None = None
-        self.eta_s: float | None = None
-        self.log: collections.deque[str] = collections.deque(maxlen=log_lines)
-        self.output_path: str | None = None
-        self.error: str | None = None
-        self.config_path: str | None = None
-        self.output_dir = str(Path(job.cfg.saving.output_dir).expanduser().resolve())
-        self.samples: list[dict[str, Any]] = []
-        self.checkpoints: list[str] = []
-        self.started: dict[str, Any] = {}
-        self.preparing: dict[str, Any] | None = None  # the latest Progress until Started
-        self._progress_noted: tuple[str, int] | None = None  # (stage, tenth) last logged
-        self.stop_requested = False
-        self.started_at, self.ended_at = time.time(), None
-
-    def note(self, message: str, when: float | None = None) -> None:
-        stamp = time.strftime("%H:%M:%S", time.localtime(when or time.time()))
-        self.log.append(f"{stamp} {message}")
-
-    def apply(self, event: Event) -> None:
-        if isinstance(event, Step):
-            self._step(event)
-        elif isinstance(event, Log):
-            prefix = "" if event.level == "info" else f"[{event.level}] "
-            self.note(prefix + event.message, event.time)
-        elif isinstance(event, Progress):
-            self._progress(event)
-        elif isinstance(event, Started):
-            self._started(event)
-        elif isinstance(event, Sample):
-            self.samples.append({"step": event.step, "paths": list(event.paths),
-                                 "prompts": list(event.prompts)})
-        elif isinstance(event, Checkpoint):  # the trainer's own log line says it was saved
-            self.checkpoints.append(event.path)
-        elif isinstance(event, Finished):
-            self.finish(event)
-
-    def _progress(self, event: Progress) -> None:
-        """Keep the latest; log a line when a stage starts, at each tenth and at its end
-        (a few lines, not one per event)."""
-        self.preparing = {"stage": event.stage, "done": event.done, "total": event.total}
-        tenth = 10 * event.done // event.total if event.total > 0 else 0
-        last = self._progress_noted
-        if (last is None or last[0] != event.stage or tenth > last[1]
-                or event.done >= event.total):
-            self._progress_noted = (event.stage, tenth)
-            self.note(f"{event.stage}: {event.done}/{event.total}")
-
-    def _started(self, event: Started) -> None:
-        self.preparing = None
-        self.started = {k: getattr(event, k) for k in event.__dataclass_fields__}
-        self.total, self.epochs = event.total_steps, event.epochs
-        self.note(f"training {event.total_steps} steps ({event.epochs} epochs x "
-                  f"{event.steps_per_epoch}) on {event.device}, precision "
-                  f"{event.mixed_precision}")
-
-    def _step(self, event: Step) -> None:
-        self.step, self.total, self.epoch = event.step, event.total_steps, event.epoch
-        self.lr, self.it_per_s, self.eta_s = event.lr, event.it_per_s, event.eta_s
-        self._n += 1
-        self._ema, value = smooth(self._ema, event.loss, self._n)
-        self.loss.append((event.step, event.loss))
-        self.smoothed.append((event.step, value))
-
-    def finish(self, event: Finished) -> None:
-        if self.status in TERMINAL:
-            return
-        self.status, self.ended_at = event.status, time.time()
-        self.step = max(self.step, event.step)
-        self.output_path, self.error = event.output_path, event.error
-        if event.status == "failed":
-            self.note(f"failed: {event.error or 'no reason given'}")
-        else:
-            self.note(f"{event.status} at step {event.step}"
-                      + (f": {event.output_path}" if event.output_path else ""))
-
-    def to_dict(self) -> dict[str, Any]:
-        end = self.ended_at or time.time()
-        return {
-            "job_id": self.job_id, "label": self.label, "status": self.status,
-            "step": self.step, "total": self.total, "epoch": self.epoch, "epochs": self.epochs,
-            "loss": [list(p) for p in self.loss], "smoothed": [list(p) for p in self.smoothed],
-            "lr": self.lr, "it_per_s": self.it_per_s, "eta_s": self.eta_s,
-            "log": list(self.log), "output_path": self.output_path, "error": self.error,
-            "config_path": self.config_path, "output_dir": self.output_dir,
-            "samples": [dict(s) for s in self.samples], "checkpoints": list(self.checkpoints),
-            "started": dict(self.started), "stop_requested": self.stop_requested,
-            "preparing": dict(self.preparing) if self.preparing else None,
-            "elapsed_s": round(end - self.started_at, 1),
-        }
-
-
 class QueueSink:
     """The EventSink of one job: folds its events into the runner's state, under its lock."""
 
@@ -183,13 +61,6 @@ class QueueSink:
 
     def emit(self, event: Event) -> None:
         self._runner._apply(self._job, event)
-
-
-IDLE = {"status": "idle", "job_id": None, "label": None, "step": 0, "total": 0, "epoch": 0,
-        "epochs": 0, "loss": [], "smoothed": [], "lr": None, "it_per_s": None, "eta_s": None,
-        "log": [], "output_path": None, "error": None, "config_path": None, "output_dir": None,
-        "samples": [], "checkpoints": [], "started": {}, "stop_requested": False,
-        "preparing": None, "elapsed_s": 0.0}
 
 
 class QueueFull(RuntimeError):
@@ -201,7 +72,8 @@ class Runner:
 
     def __init__(self, run_fn: RunFn | None = None, *, max_queue: int = 8,
                  write_config: bool = True, on_start: Callable[[Job], None] | None = None,
-                 device_info: Any = None, log_lines: int = 200):
+                 device_info: Any = None, log_lines: int = 200,
+                 history_path: Path | None = None):
         self._run_fn = run_fn or default_run
         self.max_queue, self.write_config, self.on_start = max_queue, write_config, on_start
         self._device_info, self._log_lines = device_info, log_lines
@@ -210,8 +82,11 @@ class Runner:
         self._current: Job | None = None
         self._next: Job | None = None  # promoted, for the trainer thread to pick up
         self._state: JobState | None = None
-        self._history: collections.deque[dict[str, Any]] = collections.deque(maxlen=20)
-        self._ids = itertools.count(1)
+        # past runs, kept in history_path (the data folder) across restarts of the server
+        self.history_path = history_path
+        past = history.load_history(history_path) if history_path else []
+        self._history: collections.deque[dict[str, Any]] = collections.deque(past, maxlen=20)
+        self._ids = itertools.count(1 + max((_job_number(e) for e in past), default=0))
         self._version = 0
         self._closed = False
         self._thread = threading.Thread(target=self._worker, name="kohya-trainer", daemon=True)
@@ -244,13 +119,32 @@ class Runner:
                 if job.id == job_id:
                     self._queue.remove(job)
                     job.status = "cancelled"
-                    self._history.appendleft({"job_id": job.id, "label": job.label,
-                                              "status": "cancelled", "output_path": None})
+                    self._remember({"job_id": job.id, "label": job.label,
+                                    "status": "cancelled", "output_path": None})
                     self._bump()
                     return f"{job_id} cancelled"
             if self._current is not None and self._current.id == job_id:
                 return f"{job_id} is running; use Stop to end it"
         return f"{job_id} is not in the queue"
+
+    def resume(self, job_id: str | None) -> str:
+        """Queue a past run again, continuing from its last training state."""
+        with self._cond:
+            entry = history.find(list(self._history), job_id)
+        if entry is None or not history.can_resume(entry):
+            return f"{job_id or 'no run'} cannot be resumed: choose a run that saved a state"
+        try:
+            cfg = history.resume_config(entry)
+            answer = self.submit(cfg, label=f"{entry['label']} (resumed)")
+        except (config_io.ConfigError, QueueFull) as exc:
+            return f"{job_id} cannot be resumed: {exc}"
+        return f"{answer['message']}; it continues {entry['job_id']} from {entry['state']}"
+
+    def _remember(self, entry: dict[str, Any]) -> None:
+        """Add a finished job to the history and keep the history on disk (lock held)."""
+        self._history.appendleft(entry)
+        if self.history_path is not None:
+            history.save_history(self.history_path, list(self._history))
 
     def stop(self) -> str:
         """Ask the running job to stop at its next step boundary."""
@@ -276,6 +170,8 @@ class Runner:
             snap["queue"] = [{"job_id": j.id, "label": j.label, "position": i + 1}
                              for i, j in enumerate(self._queue)]
             snap["history"] = [dict(h) for h in self._history]
+            snap["resumable"] = [[f"{e['job_id']} {e['label']} ({e['status']})", e["job_id"]]
+                                 for e in history.resumable(list(self._history))]
             snap["version"] = self._version
             return snap
 
@@ -346,9 +242,11 @@ class Runner:
                     status="failed", step=state.step, error="the trainer ended without a result"))
             job.status = state.status if state else "failed"
             job.cfg = None  # the runner keeps the snapshot, nothing of the run
-            self._history.appendleft({"job_id": job.id, "label": job.label,
-                                      "status": job.status,
-                                      "output_path": state.output_path if state else None})
+            self._remember({"job_id": job.id, "label": job.label, "status": job.status,
+                            "output_path": state.output_path if state else None,
+                            "config_path": state.config_path if state else None,
+                            "state": state.last_state if state else None,
+                            **(curve(state) if state else {})})
             self._current = None
             self._promote()
             self._bump()
@@ -383,6 +281,11 @@ class Runner:
             device.empty_cache(self._device_info)
         except Exception:  # noqa: BLE001 - cleanup must never break the runner
             log.exception("emptying the device cache failed")
+
+
+def _job_number(entry: dict[str, Any]) -> int:
+    tail = str(entry.get("job_id", "")).rpartition("-")[2]
+    return int(tail) if tail.isdigit() else 0
 
 
 def plain_error(exc: BaseException) -> str:

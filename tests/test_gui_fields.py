@@ -12,7 +12,17 @@ import tomllib
 from gui_helpers import fake_run, gui_home  # noqa: F401
 
 from kohya_gui import presets
-from kohya_gui.fields import FieldSpec, Form, field_specs, from_widget, get_path, to_widget
+from kohya_gui.fields import (
+    TRISTATE,
+    FieldSpec,
+    Form,
+    field_specs,
+    from_widget,
+    get_path,
+    search,
+    search_updates,
+    to_widget,
+)
 from kohya_gui.runner import Runner
 from kohya_gui.tabs import dreambooth, lora, mode_tab, textual_inversion
 from trainer import config_io
@@ -43,6 +53,8 @@ def other_value(spec: FieldSpec) -> Any:
     b, default = spec.bounds, spec.default
     if spec.kind == "bool":
         return not default
+    if spec.choices == TRISTATE:  # an Optional[bool]: unset by default
+        return False
     if spec.kind == "choice":
         return next(c for c in spec.choices if c != default)
     if spec.kind == "int":
@@ -71,8 +83,8 @@ COMPANIONS = {"network.conv_alpha": {"network.conv_dim": 4},
 def test_every_field_has_its_component_in_its_modes(tabs):
     built, _, _ = tabs
     for mode, tab in built.items():
-        expected = {f"{s}.{n}" if s else n for s, n, info in iter_fields()
-                    if mode in ui_hints(info)["modes"]}
+        expected = {f"{s}.{n}" for s, n, info in iter_fields()
+                    if s and mode in ui_hints(info)["modes"]}  # no mode box: the tab is it
         assert set(tab.form.components) == expected, mode
         for path, comp in tab.form.components.items():
             spec = tab.form.specs[path]
@@ -81,7 +93,8 @@ def test_every_field_has_its_component_in_its_modes(tabs):
             if number and not spec.optional:
                 kind = gr.Number  # an unset-able number is a textbox: gr.Number cannot be empty
             assert isinstance(comp, kind), path
-            assert comp.label == spec.name and spec.help in comp.info, path
+            assert comp.label == spec.label != spec.name and spec.help in comp.info, path
+            assert comp.info.startswith(f"`{spec.name}` "), path  # the TOML key, small
             if number and spec.optional and spec.bounds:
                 assert ">" in comp.info or "<" in comp.info, path
             if number and not spec.optional:
@@ -89,7 +102,7 @@ def test_every_field_has_its_component_in_its_modes(tabs):
                 assert comp.maximum == spec.bounds.get("le", spec.bounds.get("lt")), path
     assert "network.network_dim" not in built["textual_inversion"].form.components
     assert "network.token_string" not in built["lora"].form.components
-    assert built["lora"].form.components["mode"].interactive is False
+    assert "mode" not in built["lora"].form.components
 
 
 def _accordion(comp) -> gr.Accordion:
@@ -146,6 +159,9 @@ def test_empty_optional_means_unset_and_zero_is_a_value():
     assert from_widget(specs["optimizer.optimizer_args"], "{d_coef = 2.0}") == {"d_coef": 2.0}
     assert from_widget(specs["optimizer.optimizer_args"], '{"d_coef": 2}') == {"d_coef": 2}
     assert from_widget(specs["sampling.sample_prompts"], "a\n\n b \n") == ["a", "b"]
+    tristate = specs["network.train_text_encoder_2"]  # Optional[bool]: unset, on, off
+    assert [from_widget(tristate, v) for v in ("", "on", "off")] == [None, True, False]
+    assert [to_widget(tristate, v) for v in (None, True, False)] == ["", "on", "off"]
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -285,3 +301,55 @@ def test_a_new_page_starts_from_the_default_preset(tabs):
     default = presets.find_preset("lora", "default")
     assert tab.form.config(values) == config_io.load(default)
     assert tab.parts["preset"].value == str(default)
+
+
+def test_every_setting_has_a_readable_label():
+    for section, name, info in iter_fields():
+        label = ui_hints(info).get("label")
+        assert label and label != name and "_" not in label, f"{section}.{name}: {label!r}"
+    labels = {s.path: s.label for s in field_specs()}
+    assert labels["network.network_dim"] == "Network rank (dim)"
+    assert labels["optimizer.lr_warmup_steps"] == "Learning-rate warm-up steps"
+
+
+def test_search_finds_fields_by_label_key_or_help(tabs):
+    form = tabs[0]["lora"].form
+    specs = list(form.specs.values())
+    assert {"training.min_snr_gamma", "training.zero_terminal_snr"} <= search(specs, "snr")
+    assert search(specs, "SNR gamma") == {"training.min_snr_gamma"}  # every word must match
+    assert search(specs, "warm-up") == {"optimizer.lr_warmup_steps"}  # by its label
+    assert "network.network_dim" in search(specs, "network_dim")  # by its key
+    assert "network.network_alpha" in search(specs, "scaled by")  # by its help
+    assert search(specs, "  ") == set(form.specs)
+    updates = search_updates(form, "snr")
+    comps = form.components
+    assert updates[comps["training.min_snr_gamma"]]["visible"] is True
+    assert updates[comps["network.network_dim"]]["visible"] is False
+    training, advanced = form.accordions["training"]
+    assert updates[training].visible is True and updates[advanced].open is True
+    assert updates[form.accordions["network"][0]].visible is False  # no match there
+    back = search_updates(form, "")
+    assert all(back[c]["visible"] for c in comps.values())
+    assert back[advanced].open is False and back[form.accordions["network"][0]].visible
+
+
+def test_the_advisor_panel_estimates_the_form_and_applies_its_advice(tabs):
+    from kohya_gui import advisor_panel
+    from trainer.device import DeviceInfo
+
+    form = tabs[0]["lora"].form
+    values, _ = mode_tab.load_preset(form, "default")
+    card = DeviceInfo("rocm", "AMD Radeon RX 7600", "cuda:0", 8 * 2**30, True, True, "2.13.0")
+    short, report, usable = advisor_panel.advice_for(form, values, card)
+    assert "Estimated peak memory" in short and "| **total** |" in report
+    titles = [u["title"] for u in usable]
+    assert "Turn on gradient checkpointing" in titles  # under 16 GB
+    assert "bf16 mixed precision" not in titles  # auto already picks it: nothing to apply
+    changes = usable[titles.index("Turn on gradient checkpointing")]["changes"]
+    assert advisor_panel.applied(form, changes) == {"training.gradient_checkpointing": True}
+    values.update(advisor_panel.applied(form, changes))
+    after = [u["title"] for u in advisor_panel.advice_for(form, values, card)[2]]
+    assert "Turn on gradient checkpointing" not in after
+    values["optimizer.learning_rate"] = -1
+    short, report, usable = advisor_panel.advice_for(form, values, card)
+    assert "optimizer.learning_rate" in short and report == "" and usable == []

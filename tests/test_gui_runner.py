@@ -55,8 +55,11 @@ def test_a_job_runs_and_the_snapshot_tells_all(runners, tmp_path):
     assert snap["checkpoints"] == [snap["output_path"]]
     assert any("finished at step 10" in line for line in snap["log"])
     assert snap["started"]["buckets"] == {"64x64": 6}
-    assert snap["history"][0] == {"job_id": "job-1", "label": "lora: job", "status": "finished",
-                                  "output_path": snap["output_path"]}
+    entry = snap["history"][0]
+    assert {k: entry[k] for k in ("job_id", "label", "status", "output_path")} == {
+        "job_id": "job-1", "label": "lora: job", "status": "finished",
+        "output_path": snap["output_path"]}
+    assert entry["smoothed"] == snap["smoothed"] and entry["validation"] == []  # to compare
     written = config_io.load(snap["config_path"])  # the resolved config beside the outputs
     assert written.saving.output_name == "job" and snap["config_path"].endswith("job.toml")
 
@@ -202,10 +205,10 @@ def test_views_of_the_snapshot(tmp_path):
     snap = {**state.to_dict(), "queue": [], "history": [], "version": 1}
     frame = progress.loss_frame(snap)
     assert list(frame.columns) == ["step", "loss", "series"]
-    assert set(frame["series"]) == {"raw", "smoothed"}
+    assert set(frame["series"]) == set(progress.SERIES)  # each series has its colour row
     assert len(frame.dropna()) == 2 * progress.MAX_POINTS and frame["step"].max() == 1500
     empty = progress.loss_frame({"loss": [], "smoothed": []})
-    assert set(empty["series"]) == {"raw", "smoothed"} and empty["loss"].isna().all()
+    assert set(empty["series"]) == set(progress.SERIES) and empty["loss"].isna().all()
     assert progress.x_limit(snap) == [0, 1500]
     html = progress.log_html(snap)
     assert html.index("line 1500") < html.index("line 1499")  # newest first
@@ -230,7 +233,7 @@ def test_the_page_gets_only_what_changed(tmp_path):
     from kohya_gui.panel import render
 
     parts = {k: k for k in ("progress", "log", "output", "error", "plot", "queue",
-                            "cancel_choice", "gallery", "seen")}
+                            "cancel_choice", "gallery", "compare", "resume_choice", "seen")}
     inside = tmp_path / "out" / "sample" / "s.png"
     snap = {"status": "finished", "job_id": "job-1", "label": "lora: x", "step": 2, "total": 2,
             "epoch": 1, "epochs": 1, "loss": [[1, 1.0], [2, 0.5]],
@@ -247,7 +250,8 @@ def test_the_page_gets_only_what_changed(tmp_path):
     # the axis limit goes first and alone, the points on the next tick
     assert first["plot"].x_lim == [0, 2] and first["plot"].value is None
     second = render(snap, first["seen"], parts)
-    assert len(second["plot"].value["data"]) == 4 + 2 and second["plot"].x_lim is None
+    assert len(second["plot"].value["data"]) == 4 + len(progress.SERIES)
+    assert second["plot"].x_lim is None
     assert render(snap, second["seen"], parts) == {"seen": second["seen"]}
     assert first["error"].visible is False
     failed = {**snap, "status": "failed", "error": "no images in the folder", "version": 8}

@@ -4,6 +4,7 @@
     python -m trainer doctor
     python -m trainer tiny-model DIR
     python -m trainer example-config [--check]
+    python -m trainer advise CONFIG.toml [--set ...]  (memory, time and advice before a run)
     python -m trainer inspect | merge | resize | extract | caption | tag ...  (the tools; see
         trainer/tools/cli.py or `python -m trainer TOOL --help`)
 
@@ -139,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     from trainer.tools.cli import add_tool_commands
 
     add_tool_commands(sub)
+    from trainer.advisor import add_advise_command
+
+    add_advise_command(sub)
     return parser
 
 

@@ -188,6 +188,9 @@ class _Job:
                        eta_s=meter.eta(s.plan.total_steps - step)))
         if self.cfg.training.log_with != "none":
             s.accelerator.log({"loss": loss, "loss_avg": meter.loss_avg, "lr": lr}, step=step)
+        from trainer.validation import maybe_validate  # the validation loss, when it is due
+
+        maybe_validate(s, step, self)
         sv, sm = self.cfg.saving, self.cfg.sampling
         if self.control.take_sample_request() or (
                 sm.sample_every_n_steps and step % sm.sample_every_n_steps == 0):

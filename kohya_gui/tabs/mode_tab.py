@@ -1,11 +1,15 @@
-"""What every mode tab shares: presets, config files, the generated form, Check dataset, Train.
+"""What every mode tab shares: presets, config files, search, the generated form, Check
+dataset, and the controls that the page shows beside the form: Train and the advisor.
 
 A mode tab module (lora.py, dreambooth.py, textual_inversion.py) only says which mode it is, the
 order of its sections and whether its mode can be trained (all three can; a future mode may
-start as editable settings only, and then says so). Handlers receive the form as
-``{component: value}`` (the form's components as an input set) and pass it through
-``Form.config`` - the one validation path - so a bad value is reported naming its field and no
-job is queued.
+start as editable settings only, and then says so). The tab itself holds one compact row of
+presets and config files, a search box and the form; :func:`train_button` and
+:func:`build_controls` make the mode's Train button, its message and its advisor wherever the
+page puts them (app.py: the panel beside the form), and :func:`wire` connects it all. Handlers
+receive the form as ``{component: value}`` (the form's components as an input set) and pass it
+through ``Form.config`` - the one validation path - so a bad value is reported naming its field
+and no job is queued.
 """
 
 from __future__ import annotations
@@ -16,9 +20,9 @@ from typing import Any
 
 import gradio as gr
 
-from kohya_gui import presets
+from kohya_gui import advisor_panel, presets
 from kohya_gui.dataset_check import check_dataset
-from kohya_gui.fields import Form, build_form
+from kohya_gui.fields import Form, build_form, search_updates
 from kohya_gui.runner import QueueFull, Runner, config_copy_path
 from trainer import config_io
 from trainer.config import TrainConfig
@@ -55,22 +59,29 @@ def _initial_preset(mode: str) -> tuple[str | None, TrainConfig | None, str]:
 
 
 def _preset_row(tab: ModeTab, initial_path: str | None, message: str) -> None:
-    choices = presets.list_presets(tab.mode)
-    with gr.Row(equal_height=True):
+    """Presets, config load and save in one compact row (labels as placeholders)."""
+    mode, compact = tab.mode, {"container": False, "show_label": False}
+    with gr.Row(equal_height=True, elem_id=f"{mode}-files", elem_classes=["ks-files"]):
         tab.parts["preset"] = gr.Dropdown(
-            choices=choices, value=initial_path, label="Preset", scale=3, filterable=False,
-            info="Fills the form; built-in presets, then yours.", elem_id=f"{tab.mode}-preset")
-        tab.parts["refresh"] = gr.Button("Refresh list", scale=1, size="sm")
-        tab.parts["preset_name"] = gr.Textbox(label="Save the form as preset", scale=3,
-                                              placeholder="my-preset", max_lines=1)
-        tab.parts["save_preset"] = gr.Button("Save as preset", scale=1, size="sm")
-    with gr.Row(equal_height=True):
+            choices=presets.list_presets(mode), value=initial_path, label="Preset", scale=3,
+            min_width=150, filterable=False, elem_id=f"{mode}-preset", **compact)
+        tab.parts["refresh"] = gr.Button("↻", scale=0, min_width=36, size="sm",
+                                         elem_id=f"{mode}-refresh")
+        tab.parts["preset_name"] = gr.Textbox(label="New preset name", scale=2, min_width=110,
+                                              placeholder="new preset name", max_lines=1,
+                                              elem_id=f"{mode}-preset-name", **compact)
+        tab.parts["save_preset"] = gr.Button("Save preset", scale=0, min_width=90, size="sm",
+                                             elem_id=f"{mode}-save-preset")
         tab.parts["config_path"] = gr.Textbox(
-            label="Config file (.toml)", scale=6, max_lines=1,
-            placeholder="/path/to/config.toml", elem_id=f"{tab.mode}-config-path")
-        tab.parts["load_config"] = gr.Button("Load config", scale=1, size="sm")
-        tab.parts["save_config"] = gr.Button("Save config", scale=1, size="sm")
-    tab.parts["file_msg"] = gr.Markdown(message, elem_id=f"{tab.mode}-file-msg")
+            label="Config file (.toml)", scale=4, min_width=150, max_lines=1,
+            placeholder="config file: /path/to/config.toml",
+            elem_id=f"{mode}-config-path", **compact)
+        tab.parts["load_config"] = gr.Button("Load", scale=0, min_width=60, size="sm",
+                                             elem_id=f"{mode}-load-config")
+        tab.parts["save_config"] = gr.Button("Save", scale=0, min_width=60, size="sm",
+                                             elem_id=f"{mode}-save-config")
+    tab.parts["file_msg"] = gr.Markdown(message, elem_id=f"{mode}-file-msg",
+                                        elem_classes=["ks-small"])
 
 
 def _dataset_extra(tab: ModeTab) -> Callable[[], None]:
@@ -81,21 +92,41 @@ def _dataset_extra(tab: ModeTab) -> Callable[[], None]:
 
 
 def build_mode_tab(mode: str, sections: list[str], runner: Runner, available: bool = True,
-                   titles: dict[str, str] | None = None) -> ModeTab:
-    """Lay out a mode tab in the current Blocks and wire its handlers."""
+                   titles: dict[str, str] | None = None, controls: bool = True,
+                   info: Any = None) -> ModeTab:
+    """Lay out a mode tab in the current Blocks. With ``controls``, Train and the advisor
+    follow the form and everything is wired; without, the page makes them elsewhere with
+    :func:`train_button` and :func:`build_controls` and then calls :func:`wire`."""
     tab = ModeTab(mode, Form(mode), available)
     if not available:
         gr.Markdown(f"_{MODE_TITLES[mode]} training is not available yet: this tab edits, "
                     f"checks and saves its settings; Train says so._")
     initial_path, initial, message = _initial_preset(mode)
     _preset_row(tab, initial_path, message)
+    tab.parts["search"] = gr.Textbox(
+        label="Search settings", show_label=False, container=False, max_lines=1,
+        placeholder="Search settings by name, key or help (e.g. snr, rank, warm-up)",
+        elem_id=f"{mode}-search", elem_classes=["ks-search"])
     tab.form.section_extras["dataset"] = _dataset_extra(tab)
     build_form(tab.form, sections, titles=titles, initial=initial)
-    with gr.Row():
-        tab.parts["train"] = gr.Button("Train", variant="primary", elem_id=f"{mode}-train")
-    tab.parts["train_msg"] = gr.Markdown(elem_id=f"{mode}-train-msg")
-    wire(tab, runner)
+    if controls:
+        train_button(tab)
+        build_controls(tab)
+        wire(tab, runner, info)
     return tab
+
+
+def train_button(tab: ModeTab, visible: bool = True) -> Any:
+    tab.parts["train"] = gr.Button(f"Train {MODE_TITLES.get(tab.mode, tab.mode)}",
+                                   variant="primary", elem_id=f"{tab.mode}-train", scale=3,
+                                   visible=visible)
+    return tab.parts["train"]
+
+
+def build_controls(tab: ModeTab) -> None:
+    """The Train message and the advisor, in the current Blocks."""
+    tab.parts["train_msg"] = gr.Markdown(elem_id=f"{tab.mode}-train-msg")
+    tab.parts["advisor"] = advisor_panel.build(tab.mode)
 
 
 # --- handlers: plain functions of {path: value}, so the tests call them without a browser ----
@@ -166,11 +197,11 @@ def train(form: Form, values: dict[str, Any], runner: Runner, available: bool) -
         answer = runner.submit(cfg)
     except QueueFull as exc:
         return f"**Not queued:** {exc}"
-    return (f"{answer['message']}; its config goes to `{config_copy_path(cfg)}`. Progress is "
-            f"shown under Training below.")
+    return (f"{answer['message']}; its config goes to `{config_copy_path(cfg)}`.")
 
 
-def wire(tab: ModeTab, runner: Runner) -> None:
+def wire(tab: ModeTab, runner: Runner, info: Any = None) -> None:
+    """Connect the tab's handlers (after :func:`train_button` and :func:`build_controls`)."""
     form, p, mode = tab.form, tab.parts, tab.mode
     form_outputs = list(form.components.values())
 
@@ -211,3 +242,9 @@ def wire(tab: ModeTab, runner: Runner) -> None:
         api_visibility="private", **raw)
     p["train"].click(lambda data: train(form, form.by_path(data), runner, tab.available),
                      form.inputs, p["train_msg"], api_name=f"{mode}_train", **raw)
+    outputs = list(form.components.values()) + [
+        a for pair in form.accordions.values() for a in pair if a is not None]
+    p["search"].change(lambda query: search_updates(form, query or ""), p["search"], outputs,
+                       trigger_mode="always_last", show_progress="hidden",
+                       api_visibility="private")
+    tab.parts["refresh_advice"] = advisor_panel.wire(form, p["advisor"], info)

@@ -29,6 +29,7 @@ from .errors import DatasetError
 from .images import load_image, render, to_tensor
 from .sample import resolve_dataset_dir
 from .sampler import count_batches, group_by_bucket, plan_epoch, sample_counts
+from .split import validation_entries
 from .templates import captions_without_token, template_caption, templates_for, token_problem
 from .text_cache import EncodeText, TextCache, text_cache_blocker
 
@@ -75,6 +76,7 @@ class TrainingData:
         self._groups = group_by_bucket(self.counts, self.buckets)
         self._latents: Optional[LatentStore] = None
         self._text: Optional[TextCache] = None
+        self.held_out: list[ImageEntry] = []  # validation images (trainer/data/split.py)
 
     @property
     def num_images(self) -> int:
@@ -237,6 +239,9 @@ def prepare_dataset(
         if missing:
             problems.append(token_problem(missing, len(found), cfg.network.token_string))
     entries = validate(found, BucketSpec.from_config(ds), problems)
+    entries, held_out = validation_entries(cfg, entries, warn, problems)
     if problems:
         raise DatasetError(problems)
-    return TrainingData(entries, cfg, train_dir)
+    data = TrainingData(entries, cfg, train_dir)
+    data.held_out = held_out
+    return data
