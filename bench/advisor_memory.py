@@ -3,7 +3,7 @@
     python bench/advisor_memory.py [--quick] [--model DIR]
 
 Each case trains a few steps in a fresh process and measures its peak: on the CPU the process's
-peak RSS (``ru_maxrss``: loading, caching and training, everything the process held), on a GPU
+peak RSS (VmHWM: loading, caching and training, everything the process held), on a GPU
 PyTorch's peak allocation (``trainer.device.memory_in_use``; the estimate's runtime line, the
 driver's context, is left out of that comparison). The estimate is ``trainer.advisor.advise``
 for the same config on the same device, computed in this process. Cases: the tiny model
@@ -72,8 +72,21 @@ def _train(preset: str, overrides: list[str]) -> dict:
     gpu = memory_in_use(detect())  # PyTorch's peak allocation on a GPU; None on the CPU
     # from the end of the first step on: loading, caching and the first step's warm-up excluded
     rate = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else float("nan")
-    return {"rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "gpu": gpu,
-            "s_per_step": rate}
+    return {"rss": peak_rss(), "gpu": gpu, "s_per_step": rate}
+
+
+def peak_rss() -> int:
+    """This process's peak RSS in bytes: VmHWM where Linux gives it. Not ru_maxrss: that one
+    carries over the peak of the process that started this one (the kernel keeps it across
+    exec), e.g. a large pytest process."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _child(preset: str, overrides: list[str]) -> dict:

@@ -160,7 +160,7 @@ def test_the_cli_prints_the_report(capsys):
 
 
 def test_the_estimate_is_within_25_percent_of_a_real_runs_peak_rss(tmp_path):
-    """The tiny model's LoRA: the estimate against ru_maxrss of the run in a process of its
+    """The tiny model's LoRA: the estimate against the peak RSS of the run in a process of its
     own (bench/advisor_memory.py prints the same for the other modes and an SD 1.5-size
     model; there too within 25%)."""
     sys.path.insert(0, str(PROJECT_ROOT / "bench"))

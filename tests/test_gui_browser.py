@@ -113,8 +113,9 @@ def test_stop_from_the_page_and_cancel_a_queued_job(page, one_torch_thread,  # n
     page.wait_for_function(
         "() => document.querySelector('#lora-train-msg').innerText.includes('started')")
     page.click("#lora-train")  # the same settings again: it has to wait
-    page.wait_for_function(
-        "() => document.querySelector('#lora-train-msg').innerText.includes('queued')")
+    page.wait_for_function(  # the answer waits for the page's queue while a run takes the CPU
+        "() => document.querySelector('#lora-train-msg').innerText.includes('queued')",
+        timeout=TRAIN_MINUTES * 60_000)
     page.wait_for_function(
         "() => document.querySelector('#queue-table').innerText.includes('queued #1')")
     page.wait_for_function(CURVE_DRAWN, timeout=TRAIN_MINUTES * 60_000)
