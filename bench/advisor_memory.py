@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from childproc import parse_or_run_child
+
 ROOT = Path(__file__).resolve().parent.parent
 TINY = [
     ("tiny LoRA, 96 px, batch 2", "presets/lora/default.toml", []),
@@ -142,11 +144,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="the tiny model only")
     parser.add_argument("--model", help="a folder for the SD 1.5-size model (kept)")
-    parser.add_argument("--child")
-    args = parser.parse_args()
-    if args.child:
-        print(json.dumps(_train(*json.loads(args.child))))
-        return
+    args = parse_or_run_child(parser, _train)
     os.environ.setdefault("KOHYA_STUDIO_HOME", tempfile.mkdtemp(prefix="bench-home-"))
     os.environ["HF_HUB_OFFLINE"] = "1"
     sys.path.insert(0, str(ROOT))

@@ -3,14 +3,27 @@ its own) and time the training steps of a run."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def parse_or_run_child(parser: argparse.ArgumentParser, case: Callable[..., dict]):
+    """The script's arguments; or, when it was started as a child (``--child JSON``), run
+    ``case(*JSON)`` here, print its result as the last stdout line and exit."""
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(case(*json.loads(args.child))))
+        raise SystemExit(0)
+    return args
 
 
 def run_child(script: str, args: list, **env: str) -> dict:

@@ -13,13 +13,12 @@ resident memory.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
 import time
 
-from childproc import ROOT, StepTimes, peak_rss_mib, run_child
+from childproc import ROOT, StepTimes, parse_or_run_child, peak_rss_mib, run_child
 
 MODES = ("lora", "dreambooth", "textual_inversion")
 # the presets timed: each mode's default, and the embedded tiny SDXL
@@ -52,11 +51,7 @@ def _child(args: list[str]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cases", nargs="+", default=list(PRESETS), choices=list(PRESETS))
-    parser.add_argument("--child")
-    args = parser.parse_args()
-    if args.child:
-        print(json.dumps(_case(*json.loads(args.child))))
-        return
+    args = parse_or_run_child(parser, _case)
     os.environ["KOHYA_STUDIO_HOME"] = tempfile.mkdtemp(prefix="bench-home-")
     for warm in ("lora/default", "lora/tiny-sdxl"):  # build the embedded models and data once
         _child([warm, tempfile.mkdtemp(prefix="bench-warm-")])

@@ -12,7 +12,6 @@ default LoRA (rank 8 on the attention blocks, AdamW).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -20,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from childproc import ROOT, run_child
+from childproc import ROOT, parse_or_run_child, run_child
 
 
 def _case(model: str, tokenizer: str, out: str) -> dict:
@@ -64,11 +63,7 @@ def _child(args: list) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sd15", help="folder of bench/single_file.py's model")
-    parser.add_argument("--child")
-    args = parser.parse_args()
-    if args.child:
-        print(json.dumps(_case(*json.loads(args.child))))
-        return
+    args = parse_or_run_child(parser, _case)
     os.environ["KOHYA_STUDIO_HOME"] = tempfile.mkdtemp(prefix="bench-home-")
     tiny = _child(["embedded:tiny-sd15", "", tempfile.mkdtemp(prefix="bench-out-")])
     print(f"tiny LoRA: state save {tiny['seconds']:.3f} s, {tiny['mib']:.2f} MiB {tiny['files']}")

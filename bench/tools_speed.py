@@ -30,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from childproc import parse_or_run_child
+
 ROOT = Path(__file__).resolve().parent.parent
 
 SD15_UNET = dict(
@@ -169,11 +171,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--extract", action="store_true", help="time extract too (slow)")
     parser.add_argument("--keep", help="work in this folder and keep it")
-    parser.add_argument("--child")
-    args = parser.parse_args()
-    if args.child:
-        print(json.dumps(run_case(*json.loads(args.child))))
-        return
+    args = parse_or_run_child(parser, run_case)
     work = args.keep or tempfile.mkdtemp(prefix="bench-tools-")
     Path(work).mkdir(parents=True, exist_ok=True)
     print(f"SD 1.5-size random model, LoRA rank {args.rank}, {os.cpu_count()} cores, "

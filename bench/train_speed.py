@@ -10,12 +10,11 @@ cache). Each case runs in a fresh process so that its peak RSS is its own.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
 
-from childproc import ROOT, StepTimes, peak_rss_mib, run_child
+from childproc import ROOT, StepTimes, parse_or_run_child, peak_rss_mib, run_child
 
 WARMUP = 5
 
@@ -57,11 +56,7 @@ def _child(args: list[str]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--child")
-    args = parser.parse_args()
-    if args.child:
-        print(json.dumps(_case(*json.loads(args.child))))
-        return
+    args = parse_or_run_child(parser, _case)
     home = tempfile.mkdtemp(prefix="bench-home-")
     os.environ["KOHYA_STUDIO_HOME"] = home
     print(f"tiny SD 1.x LoRA, {args.steps} steps (first {WARMUP} not timed), {os.cpu_count()} "

@@ -24,6 +24,7 @@ from trainer.events import (
     Step,
     Validation,
 )
+from trainer.optim_lr import lr_label
 
 TERMINAL = ("finished", "stopped", "failed")
 SMOOTHING = 0.9  # weight of the past in the smoothed loss (TensorBoard's default is 0.6-0.9)
@@ -50,6 +51,7 @@ class JobState:
         self.validation: list[tuple[int, float]] = []
         self._ema, self._n = 0.0, 0
         self.lr: float | None = None
+        self.lr_label = lr_label(job.cfg.optimizer)  # "effective ..." for adaptive optimizers
         self.it_per_s: float | None = None
         self.eta_s: float | None = None
         self.log: collections.deque[str] = collections.deque(maxlen=log_lines)
@@ -137,8 +139,9 @@ class JobState:
             "step": self.step, "total": self.total, "epoch": self.epoch, "epochs": self.epochs,
             "loss": [list(p) for p in self.loss], "smoothed": [list(p) for p in self.smoothed],
             "validation": [list(p) for p in self.validation],
-            "lr": self.lr, "it_per_s": self.it_per_s, "eta_s": self.eta_s,
-            "log": list(self.log), "output_path": self.output_path, "error": self.error,
+            "lr": self.lr, "lr_label": self.lr_label, "it_per_s": self.it_per_s,
+            "eta_s": self.eta_s, "log": list(self.log), "output_path": self.output_path,
+            "error": self.error,
             "config_path": self.config_path, "output_dir": self.output_dir,
             "samples": [dict(s) for s in self.samples], "checkpoints": list(self.checkpoints),
             "started": dict(self.started), "stop_requested": self.stop_requested,
@@ -149,7 +152,7 @@ class JobState:
 
 IDLE = {"status": "idle", "job_id": None, "label": None, "step": 0, "total": 0, "epoch": 0,
         "epochs": 0, "loss": [], "smoothed": [], "validation": [], "lr": None,
-        "it_per_s": None, "eta_s": None,
+        "lr_label": "learning rate", "it_per_s": None, "eta_s": None,
         "log": [], "output_path": None, "error": None, "config_path": None, "output_dir": None,
         "samples": [], "checkpoints": [], "started": {}, "stop_requested": False,
         "preparing": None, "elapsed_s": 0.0}

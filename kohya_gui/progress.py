@@ -118,7 +118,7 @@ def progress_html(snap: dict[str, Any]) -> str:
         ("it/s", f"{rate:.2f}" if rate is not None else "-"),
         ("ETA", duration(snap.get("eta_s")) if snap["status"] == "running" else "-"),
         ("elapsed", duration(snap.get("elapsed_s"))),
-        ("learning rate", f"{lr:.3g}" if lr is not None else "-"),
+        (snap.get("lr_label") or "learning rate", f"{lr:.3g}" if lr is not None else "-"),
     ]
     if snap.get("validation"):
         step_at, value = snap["validation"][-1]

@@ -33,6 +33,10 @@ RunFn = Callable[[TrainConfig, EventSink, Control], Optional[Finished]]
 
 
 def default_run(cfg: TrainConfig, sink: EventSink, control: Control) -> Finished:
+    from trainer.launch import needs_launch, run_launched
+
+    if needs_launch(cfg):  # more than one process: a subprocess whose rank 0 reports back
+        return run_launched(cfg, sink, control)
     from trainer.loop import run
 
     return run(cfg, sink, control)

@@ -35,7 +35,8 @@ def test_cli_reports_a_failed_run_with_status_1(tmp_path, studio_home):
 
 def test_8bit_optimizers_name_the_alternative_where_unsupported():
     param = torch.nn.Parameter(torch.zeros(2))
-    with pytest.raises(OptimizerError, match="no 8-bit optimizers for the mps device; use 'AdamW'"):
+    with pytest.raises(OptimizerError, match="no 8-bit or paged optimizers for the mps device; "
+                       "use .AdamW."):
         make_optimizer(OptimizerSection(optimizer_type="AdamW8bit"), [{"params": [param]}], "mps")
     with pytest.raises(OptimizerError, match="use 'Lion'"):
         make_optimizer(OptimizerSection(optimizer_type="Lion8bit"), [{"params": [param]}], "mps")

@@ -270,26 +270,3 @@ def test_only_device_py_probes_the_backends():
         if probe.search(line)
     ]
     assert offenders == []
-
-
-def test_cpu_threads_leave_a_core_free(monkeypatch):
-    from types import SimpleNamespace
-
-    from trainer.device import DeviceInfo, configure_cpu_threads
-
-    state = {"n": 8}
-    fake = SimpleNamespace(get_num_threads=lambda: state["n"],
-                           set_num_threads=lambda n: state.update(n=n))
-    cpu = DeviceInfo(backend="cpu", name="cpu", torch_device="cpu", memory_bytes=None,
-                     bf16_ok=True, fp16_ok=False, torch_version="2.13.0")
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    assert configure_cpu_threads(cpu, fake, cores=8) == 7 and state["n"] == 7
-    assert configure_cpu_threads(cpu, fake, cores=8) is None  # already so: nothing to do
-    state["n"] = 1
-    assert configure_cpu_threads(cpu, fake, cores=1) is None and state["n"] == 1
-    gpu = DeviceInfo(backend="cuda", name="gpu", torch_device="cuda:0", memory_bytes=None,
-                     bf16_ok=True, fp16_ok=True, torch_version="2.13.0")
-    state["n"] = 8
-    assert configure_cpu_threads(gpu, fake, cores=8) is None and state["n"] == 8
-    monkeypatch.setenv("OMP_NUM_THREADS", "8")
-    assert configure_cpu_threads(cpu, fake, cores=8) is None and state["n"] == 8

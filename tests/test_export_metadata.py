@@ -87,6 +87,21 @@ def test_ss_keys_as_sd_scripts_writes_them():
     assert (meta["ss_learning_rate"], meta["ss_unet_lr"]) == ("0.0001", "0.0002")
     assert meta["ss_text_encoder_lr"] == "None"  # unset, written as sd-scripts does
     assert (meta["ss_noise_offset"], meta["ss_min_snr_gamma"]) == ("0.05", "None")
+    assert (meta["ss_loss_type"], meta["ss_huber_schedule"]) == ("l2", "snr")
+    assert (meta["ss_multires_noise_iterations"], meta["ss_debiased_estimation"]) == (
+        "None", "False")
+
+
+def test_loss_options_are_written_as_sd_scripts_names_them():
+    cfg = config()
+    cfg.training.loss_type, cfg.training.huber_c = "huber", 0.2
+    cfg.training.multires_noise_iterations = 6
+    cfg.training.debiased_estimation_loss = True
+    meta = build_lora_metadata(cfg, facts())
+    assert (meta["ss_loss_type"], meta["ss_huber_c"]) == ("huber", "0.2")
+    assert meta["ss_multires_noise_iterations"] == "6"
+    assert meta["ss_multires_noise_discount"] == "0.3"
+    assert meta["ss_debiased_estimation"] == "True"
     assert meta["ss_output_name"] == "my_cat" and meta["ss_session_id"] == "7"
     assert json.loads(meta["ss_tag_frequency"]) == {"10_cat": {"cat": 2, "red": 1}}
     assert json.loads(meta["ss_dataset_dirs"]) == {"10_cat": {"n_repeats": 10, "img_count": 4}}

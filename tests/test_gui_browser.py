@@ -109,13 +109,15 @@ def test_stop_from_the_page_and_cancel_a_queued_job(page, one_torch_thread,  # n
                                                     tmp_path):
     choose_default_preset(page, tmp_path / "long")
     text_input(page, "lora-training-max_train_steps").fill("100000")
+    # every answer below waits behind a run that takes the CPU (and, in a long test process,
+    # Python's full garbage collections): in CI the page answered in over 30 s
+    page.set_default_timeout(TRAIN_MINUTES * 60_000)
     page.click("#lora-train")
     page.wait_for_function(
         "() => document.querySelector('#lora-train-msg').innerText.includes('started')")
     page.click("#lora-train")  # the same settings again: it has to wait
     page.wait_for_function(  # the answer waits for the page's queue while a run takes the CPU
-        "() => document.querySelector('#lora-train-msg').innerText.includes('queued')",
-        timeout=TRAIN_MINUTES * 60_000)
+        "() => document.querySelector('#lora-train-msg').innerText.includes('queued')")
     page.wait_for_function(
         "() => document.querySelector('#queue-table').innerText.includes('queued #1')")
     page.wait_for_function(CURVE_DRAWN, timeout=TRAIN_MINUTES * 60_000)

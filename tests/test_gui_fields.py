@@ -77,7 +77,16 @@ def other_value(spec: FieldSpec) -> Any:
 
 COMPANIONS = {"network.conv_alpha": {"network.conv_dim": 4},
               "dataset.num_class_images": {"dataset.reg_data_dir": "/tmp/class-images"},
-              "network.train_unet": {"network.train_text_encoder": True}}  # else nothing trains
+              "network.train_unet": {"network.train_text_encoder": True},  # else nothing trains
+              "dataset.alpha_mask": {"training.masked_loss": True},
+              "dataset.mask_data_dir": {"training.masked_loss": True},
+              "training.masked_loss": {"dataset.alpha_mask": True},
+              "training.adaptive_noise_scale": {"training.noise_offset": 0.1},
+              "training.noise_offset_random_strength": {"training.noise_offset": 0.1},
+              # LyCORIS options: refused for a network_type that does not read them
+              **{f"network.{name}": {"network.network_type": "lokr"}
+                 for name in ("factor", "decompose_both", "use_tucker", "use_scalar",
+                              "rank_dropout", "module_dropout", "train_norm")}}
 
 
 def test_every_field_has_its_component_in_its_modes(tabs):

@@ -139,6 +139,23 @@ def _folder_stamp(value: Optional[str]) -> list:
         return [value, None]
 
 
+def _toml_stamp(path: Optional[str]) -> list:
+    """A dataset TOML's own time and its image folders' stamps (its subsets can change)."""
+    if not path:
+        return []
+    from trainer.importers.dataset_toml import read_toml
+
+    try:
+        toml = Path(path).expanduser()
+        raw = read_toml(toml)
+    except (OSError, ValueError):
+        return [path, None]
+    dirs = [sub.get("image_dir") for d in raw.get("datasets", []) if isinstance(d, dict)
+            for sub in d.get("subsets", []) if isinstance(sub, dict)]
+    return [path, toml.stat().st_mtime_ns] + [
+        _folder_stamp(str(toml.parent / d)) for d in dirs if isinstance(d, str)]
+
+
 def _prepared(cfg: Any) -> Any:
     """``prepare_dataset(cfg)``, cached while the folders do not change."""
     from trainer.data import prepare_dataset
@@ -147,7 +164,8 @@ def _prepared(cfg: Any) -> Any:
     key = json.dumps([ds.model_dump(mode="json"), cfg.mode, cfg.training.seed,
                       cfg.training.prior_loss_weight, cfg.network.model_dump(mode="json")]
                      + [_folder_stamp(d) for d in (ds.train_data_dir, ds.reg_data_dir,
-                                                   ds.validation_data_dir)], default=str)
+                                                   ds.validation_data_dir)]
+                     + _toml_stamp(ds.dataset_config), default=str)
     if key not in _DATA_CACHE:
         _DATA_CACHE.clear()  # one dataset at a time: the form's
         _DATA_CACHE[key] = prepare_dataset(cfg, warn=lambda message: None)
@@ -180,12 +198,13 @@ def optimizer_state_bytes(name: str, step: Any, trained_bytes: int) -> float:
     """Bytes of the optimizer's state for the step's trained parameters, kept in their dtype
     (``trained_bytes`` each): AdamW two moments, Lion one, the 8-bit ones in a byte each,
     Prodigy four tensors (two moments, s and the initial weights), Adafactor its factored
-    second moment."""
-    t = trained_bytes
-    if name == "Adafactor":
-        return step.factored * t
-    return step.trained * {"AdamW": 2 * t, "AdamW8bit": 2, "Lion": t, "Lion8bit": 1,
-                           "Prodigy": 4 * t}[name]
+    second moment; the others as trainer.optim.OPTIMIZERS counts them."""
+    from trainer.optim import state_bytes_per_weight
+
+    per_weight = state_bytes_per_weight(name, trained_bytes)
+    if per_weight is None:  # Adafactor
+        return step.factored * trained_bytes
+    return step.trained * per_weight
 
 
 def _precision(cfg: Any, info: Any) -> str:

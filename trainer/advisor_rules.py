@@ -96,12 +96,12 @@ def throughput(info: Any, precision: str) -> tuple[float, str]:
 
 
 def cpu_threads(info: Any) -> tuple[int, int]:
-    """(threads training uses, cores): trainer.device leaves a core free unless
-    OMP_NUM_THREADS says otherwise."""
+    """(threads training uses, cores): trainer.threads takes every core while the machine is
+    otherwise idle, unless OMP_NUM_THREADS says otherwise."""
     cores = os.cpu_count() or 1
     if os.environ.get("OMP_NUM_THREADS", "").isdigit():
         return int(os.environ["OMP_NUM_THREADS"]), cores
-    return max(1, cores - 1), cores
+    return cores, cores
 
 
 def _half(info: Any) -> str:
@@ -118,8 +118,8 @@ def device_rules(cfg: Any, info: Any, precision: str) -> list[Recommendation]:
                                       {"training.mixed_precision": "no"}))
         threads, cores = cpu_threads(info)
         out.append(Recommendation(f"{threads} of {cores} CPU threads", "training leaves a core "
-                                  "free for the page and the system; set OMP_NUM_THREADS before "
-                                  "starting to choose another count", done=True))
+                                  "free only while other processes keep one busy; set "
+                                  "OMP_NUM_THREADS before starting to fix the count", done=True))
         return out
     small = info.memory_bytes is not None and info.memory_bytes < SMALL_MEMORY
     if small and not tr.gradient_checkpointing:
@@ -151,7 +151,8 @@ Change = tuple[str, str, Callable[[Any, Any, str], Optional[dict[str, Any]]]]
 def _bnb(cfg: Any, info: Any, precision: str) -> Optional[dict[str, Any]]:
     from trainer.optim import BNB_BACKENDS
 
-    eight = {"AdamW": "AdamW8bit", "Lion": "Lion8bit"}.get(cfg.optimizer.optimizer_type)
+    eight = {"AdamW": "AdamW8bit", "Lion": "Lion8bit", "PagedAdamW": "PagedAdamW8bit",
+             "SGDNesterov": "SGDNesterov8bit"}.get(cfg.optimizer.optimizer_type)
     return {"optimizer.optimizer_type": eight} if eight and info.backend in BNB_BACKENDS \
         else None
 

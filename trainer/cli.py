@@ -5,6 +5,7 @@
     python -m trainer tiny-model DIR
     python -m trainer example-config [--check]
     python -m trainer advise CONFIG.toml [--set ...]  (memory, time and advice before a run)
+    python -m trainer import-kohya FILE.json [-o OUT.toml] [--mode lora]  (a kohya_ss config)
     python -m trainer inspect | merge | resize | extract | caption | tag ...  (the tools; see
         trainer/tools/cli.py or `python -m trainer TOOL --help`)
 
@@ -76,14 +77,17 @@ class ConsoleSink:
 
 def _train(args: argparse.Namespace) -> int:
     from trainer import config_io
-    from trainer.loop import run
+    from trainer.launch import run_from_cli
 
+    overrides = list(args.set or [])
+    if args.num_processes is not None:
+        overrides.append(f"training.num_processes={args.num_processes}")
     try:
-        cfg = config_io.load(args.config, args.set or [])
+        cfg = config_io.load(args.config, overrides)
     except config_io.ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    result = run(cfg, ConsoleSink())
+    result = run_from_cli(cfg, ConsoleSink(), args)  # in-process, or torchrun for DDP
     if result.status == "failed":
         print(f"error: {result.error}", file=sys.stderr)
         return 1
@@ -128,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("config", type=Path, help="the config file, e.g. presets/lora/default.toml")
     train.add_argument("--set", action="append", metavar="KEY=VALUE",
                        help="override a setting, e.g. --set optimizer.learning_rate=2e-4")
+    from trainer.launch import add_launch_arguments
+
+    add_launch_arguments(train)  # --num-processes and the multi-machine rendezvous
     train.set_defaults(func=_train)
     sub.add_parser("doctor", help="report the device, the torch build and known problems"
                    ).set_defaults(func=_doctor)
@@ -143,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     from trainer.advisor import add_advise_command
 
     add_advise_command(sub)
+    from trainer.importers.kohya_cli import add_import_command
+
+    add_import_command(sub)
     return parser
 
 

@@ -126,6 +126,13 @@ class DatasetSection(Section):
         modes=("lora", "dreambooth"),
         label="Class prompt",
     )
+    dataset_config: Optional[str] = setting(
+        None, "An sd-scripts dataset TOML ([general], [[datasets]], [[datasets.subsets]]) "
+        "instead of train_data_dir and reg_data_dir: per-subset folders, repeats and caption "
+        "options, per-dataset resolution and buckets; unset values come from this section.",
+        advanced=True, widget="file",
+        label="Dataset config (sd-scripts TOML)",
+    )
     caption_extension: str = setting(
         ".txt", "Extension of the caption files beside the images.", advanced=True,
         pattern=r"^\.[A-Za-z0-9_]+$",
@@ -161,6 +168,17 @@ class DatasetSection(Section):
     )
     flip_aug: bool = setting(False, "Also train on horizontally flipped images.", advanced=True,
                              label="Horizontal flip augmentation")
+    alpha_mask: bool = setting(
+        False, "With training.masked_loss: the loss mask is each image's alpha channel "
+        "(transparent = not trained; an image without alpha trains everywhere).", advanced=True,
+        label="Mask from the alpha channel",
+    )
+    mask_data_dir: Optional[str] = setting(
+        None, "With training.masked_loss: folder of grayscale mask images named like the "
+        "training images (white = train, black = ignore), directly inside or in subfolders "
+        "named like the concept folders.", advanced=True, widget="dir",
+        label="Mask images folder",
+    )
     shuffle_caption: bool = setting(False, "Shuffle the comma-separated tags of each caption.",
                                     label="Shuffle caption tags")
     keep_tokens: int = setting(
@@ -188,13 +206,16 @@ class DatasetSection(Section):
         label="Cache latents on disk",
     )
     cache_dir: Optional[str] = setting(
-        None, "Folder of the disk latent cache; unset uses .cache inside train_data_dir.",
+        None, "Folder of the disk latent cache; unset uses .cache inside train_data_dir "
+        "(beside the dataset_config TOML when that is set).",
         advanced=True, widget="dir",
         label="Latent cache folder",
     )
-    cache_text_encoder_outputs: bool = setting(
-        False, "Encode each caption once (only when the text encoder is frozen and captions "
-        "do not change per step).", advanced=True,
+    cache_text_encoder_outputs: Optional[bool] = setting(
+        None, "Encode each caption once instead of at every step; unset does so whenever it "
+        "gives the same run (the text encoder is frozen and captions do not change per step: "
+        "no shuffle, no dropout, no textual inversion); on refuses a config where it cannot.",
+        advanced=True,
         label="Cache text-encoder outputs",
     )
     validation_split: Optional[float] = setting(
@@ -210,7 +231,16 @@ class DatasetSection(Section):
     )
 
 
+NetworkType = Literal["lora", "locon", "loha", "lokr", "ia3", "dora"]
+
+
 class NetworkSection(Section):
+    network_type: NetworkType = setting(
+        "lora", "Adapter: lora (peft LoRA, + conv_dim for LoCon); locon, loha, lokr, ia3 or "
+        "dora (LoRA with weight decomposition) through the lycoris-lora package "
+        "(network_module lycoris.kohya); ia3 has no rank and ignores network_dim/alpha.",
+        modes=("lora",), label="Network type",
+    )
     network_dim: int = setting(8, "LoRA rank.", modes=("lora",), ge=1, le=1024,
                                label="Network rank (dim)")
     network_alpha: float = setting(
@@ -222,14 +252,43 @@ class NetworkSection(Section):
         label="Network dropout",
     )
     conv_dim: Optional[int] = setting(
-        None, "Rank of LoRA on the 3x3 convolutions too (LoCon); unset trains attention only.",
+        None, "Rank of LoRA on the 3x3 convolutions too (LoCon); unset: attention only for "
+        "lora, network_dim for the LyCORIS types (as lycoris does).",
         modes=("lora",), advanced=True, ge=1, le=1024,
         label="Convolution rank (LoCon)",
     )
     conv_alpha: Optional[float] = setting(
-        None, "Alpha of the convolution LoRA; unset uses conv_dim.", modes=("lora",),
-        advanced=True, gt=0, le=4096,
+        None, "Alpha of the convolution LoRA; unset uses conv_dim (LyCORIS: network_alpha).",
+        modes=("lora",), advanced=True, gt=0, le=4096,
         label="Convolution alpha",
+    )
+    factor: Optional[int] = setting(
+        None, "LoKr only: the Kronecker factor of each dimension; unset: lycoris picks it "
+        "(its factor -1).", modes=("lora",), advanced=True, ge=1, le=4096, label="LoKr factor",
+    )
+    decompose_both: bool = setting(
+        False, "LoKr only: factor the smaller Kronecker matrix into low rank too.",
+        modes=("lora",), advanced=True, label="LoKr: decompose both",
+    )
+    use_tucker: bool = setting(
+        False, "LyCORIS locon/loha/lokr/dora: Tucker (CP) decomposition of the 3x3 "
+        "convolutions' kernels.", modes=("lora",), advanced=True, label="Tucker decomposition",
+    )
+    use_scalar: bool = setting(
+        False, "LyCORIS locon/loha/lokr/dora: a trained scalar on the update (starts at 0).",
+        modes=("lora",), advanced=True, label="Trained scalar",
+    )
+    rank_dropout: Optional[float] = setting(
+        None, "LyCORIS locon/loha/lokr/dora: dropout of rank rows of the update.",
+        modes=("lora",), advanced=True, ge=0, lt=1, label="Rank dropout",
+    )
+    module_dropout: Optional[float] = setting(
+        None, "LyCORIS types: probability of skipping a module's adapter in a step.",
+        modes=("lora",), advanced=True, ge=0, lt=1, label="Module dropout",
+    )
+    train_norm: bool = setting(
+        False, "LyCORIS types: train the norm layers' weights and biases too.",
+        modes=("lora",), advanced=True, label="Train norm layers",
     )
     train_unet: bool = setting(True, "Train the UNet.", modes=("lora", "dreambooth"),
                                label="Train the UNet")
@@ -271,9 +330,16 @@ class NetworkSection(Section):
     )
 
 
-OptimizerName = Literal["AdamW", "AdamW8bit", "Lion", "Lion8bit", "Adafactor", "Prodigy"]
+# sd-scripts' --optimizer_type spellings; trainer/optim.py builds each.
+OptimizerName = Literal[
+    "AdamW", "AdamW8bit", "PagedAdamW8bit", "PagedAdamW", "PagedAdamW32bit", "Lion", "Lion8bit",
+    "PagedLion8bit", "SGDNesterov", "SGDNesterov8bit", "Adafactor", "Prodigy", "DAdaptAdam",
+    "DAdaptation", "DAdaptAdamPreprint", "DAdaptAdaGrad", "DAdaptAdan", "DAdaptAdanIP",
+    "DAdaptLion", "DAdaptSGD", "AdamWScheduleFree", "RAdamScheduleFree", "SGDScheduleFree",
+]
 SchedulerName = Literal[
-    "constant", "constant_with_warmup", "linear", "cosine", "cosine_with_restarts", "polynomial"
+    "constant", "constant_with_warmup", "linear", "cosine", "cosine_with_restarts", "polynomial",
+    "cosine_with_min_lr", "inverse_sqrt", "warmup_stable_decay", "piecewise_constant", "adafactor",
 ]
 
 
@@ -297,8 +363,9 @@ class OptimizerSection(Section):
     )
     weight_decay: float = setting(0.01, "Weight decay.", advanced=True, ge=0, le=1,
                                   label="Weight decay")
-    optimizer_args: dict[str, Union[bool, int, float, str]] = setting(
-        {}, "Extra keyword arguments for the optimizer, e.g. {d_coef = 2.0} for Prodigy.",
+    optimizer_args: dict[str, Union[bool, int, float, str, list[float]]] = setting(
+        {}, "Extra keyword arguments for the optimizer, e.g. {d_coef = 2.0} for Prodigy, "
+        "{betas = [0.9, 0.99]}.",
         advanced=True, widget="dict",
         label="Optimizer arguments",
     )
@@ -313,6 +380,12 @@ class OptimizerSection(Section):
     lr_scheduler_power: float = setting(
         1.0, "Power of the polynomial schedule.", advanced=True, gt=0, le=100,
         label="Polynomial power",
+    )
+    lr_scheduler_args: dict[str, Union[bool, int, float, str]] = setting(
+        {}, "Extra keyword arguments for the schedule (sd-scripts' lr_scheduler_args), e.g. "
+        "{min_lr_rate = 0.1} for cosine_with_min_lr, {num_decay_steps = 100} for "
+        "warmup_stable_decay, {step_rules = '1:100,0.1'} for piecewise_constant.",
+        advanced=True, widget="dict", label="Schedule arguments",
     )
     max_grad_norm: float = setting(
         1.0, "Clip gradients to this norm; 0 turns clipping off (as in sd-scripts).", ge=0,
@@ -336,6 +409,12 @@ class TrainingSection(Section):
         1, "Batches summed into one optimizer step.", advanced=True, ge=1, le=1024,
         label="Gradient accumulation steps",
     )
+    num_processes: int = setting(
+        1, "Training processes on this machine (DDP through accelerate, one per GPU; gloo on "
+        "the CPU). Each trains batch size images per step: the global batch is batch size x "
+        "processes (x machines).", advanced=True, ge=1, le=64,
+        label="Processes (GPUs)",
+    )
     mixed_precision: Literal["auto", "no", "fp16", "bf16"] = setting(
         "auto", "Compute precision; auto picks what the device does best.",
         label="Mixed precision",
@@ -354,6 +433,12 @@ class TrainingSection(Section):
         False, "Recompute activations in the backward pass to save memory.", advanced=True,
         label="Gradient checkpointing",
     )
+    compile: Optional[bool] = setting(
+        None, "Compile the UNet with torch.compile: the first steps wait for the compiler "
+        "(minutes for a full-size model), the later ones may run faster. Unset: off on every "
+        "backend (see bench/compile_speed.py for this machine's figures).", advanced=True,
+        label="Compile the UNet (torch.compile)",
+    )
     seed: int = setting(42, "Random seed.", ge=0, le=2**32 - 1, label="Seed")
     zero_terminal_snr: bool = setting(
         False, "Rescale the noise schedule to zero terminal SNR (Lin et al. 2024); for "
@@ -369,6 +454,72 @@ class TrainingSection(Section):
         None, "Min-SNR loss weighting gamma (Hang et al. 2023); 5 is the paper's value.",
         advanced=True, gt=0, le=100,
         label="Min-SNR gamma",
+    )
+    noise_offset_random_strength: bool = setting(
+        False, "Draw the noise offset's strength uniformly between 0 and noise_offset for "
+        "every batch (sd-scripts' option of the same name).", advanced=True,
+        label="Random noise-offset strength",
+    )
+    adaptive_noise_scale: Optional[float] = setting(
+        None, "Add this times the absolute mean of each latent channel to the noise offset "
+        "(needs noise_offset; sd-scripts' option of the same name).", advanced=True,
+        ge=-1, le=1,
+        label="Adaptive noise scale",
+    )
+    multires_noise_iterations: Optional[int] = setting(
+        None, "Multi-resolution (pyramid) noise with this many levels (6-10 is usual; "
+        "Whitaker 2023); unset: plain Gaussian noise.", advanced=True, ge=1, le=64,
+        label="Multires noise iterations",
+    )
+    multires_noise_discount: float = setting(
+        0.3, "Weight decay per level of the multires noise (only with "
+        "multires_noise_iterations).", advanced=True, ge=0, le=1,
+        label="Multires noise discount",
+    )
+    min_timestep: Optional[int] = setting(
+        None, "Draw training timesteps from this one up (unset: 0).", advanced=True,
+        ge=0, le=999,
+        label="Minimum timestep",
+    )
+    max_timestep: Optional[int] = setting(
+        None, "Draw training timesteps below this one (exclusive; unset: the schedule's "
+        "length, 1000).", advanced=True, ge=1, le=1000,
+        label="Maximum timestep",
+    )
+    debiased_estimation_loss: bool = setting(
+        False, "Weight the loss by 1/sqrt(SNR) (1/(SNR+1) for v-prediction), Yu et al. 2023; "
+        "sd-scripts' option of the same name.", advanced=True,
+        label="Debiased estimation loss",
+    )
+    scale_v_pred_loss_like_noise_pred: bool = setting(
+        False, "v-prediction only: scale the loss by SNR/(SNR+1) so that it weighs timesteps "
+        "like an epsilon-prediction loss.", advanced=True,
+        label="Scale v-prediction loss like noise prediction",
+    )
+    loss_type: Literal["l2", "huber", "smooth_l1", "l1"] = setting(
+        "l2", "Loss function: l2 (mean squared error), l1, or the scheduled pseudo-Huber "
+        "huber / smooth_l1 (Khrapov & Popov 2024), less sensitive to outliers.", advanced=True,
+        label="Loss type",
+    )
+    huber_schedule: Literal["constant", "exponential", "snr"] = setting(
+        "snr", "How the Huber parameter changes with the timestep (huber and smooth_l1 only).",
+        advanced=True,
+        label="Huber schedule",
+    )
+    huber_c: float = setting(
+        0.1, "Huber parameter c: the constant value, or where the schedules end "
+        "(huber and smooth_l1 only).", advanced=True, gt=0, le=1,
+        label="Huber c",
+    )
+    huber_scale: float = setting(
+        1.0, "Multiplies the constant and exponential Huber schedules (huber and smooth_l1 "
+        "only).", advanced=True, gt=0, le=100,
+        label="Huber scale",
+    )
+    masked_loss: bool = setting(
+        False, "Train only where a mask is white: the mask is the image's alpha channel "
+        "(dataset.alpha_mask) or an image in dataset.mask_data_dir.", advanced=True,
+        label="Masked loss",
     )
     prior_loss_weight: float = setting(
         1.0, "Weight of the regularization images' loss.", modes=("lora", "dreambooth"),

@@ -277,26 +277,6 @@ def memory_in_use(info: DeviceInfo, torch_module: Any = None) -> Optional[int]:
         return None
 
 
-def configure_cpu_threads(info: DeviceInfo, torch_module: Any = None,
-                          cores: Optional[int] = None) -> Optional[int]:
-    """On the CPU backend, leave one core to the rest of the machine (the UI, the browser).
-
-    PyTorch's OpenMP threads spin while they wait: with every core taken and anything else
-    running, steps slow down many times over (measured here: the tiny model on 2 cores with one
-    busy process ran 10 steps/s with 2 threads, 28 with 1). OMP_NUM_THREADS, when set, wins.
-    Returns the thread count set, or None when nothing was changed.
-    """
-    if info.backend != "cpu" or os.environ.get("OMP_NUM_THREADS"):
-        return None
-    torch = _torch(torch_module)
-    cores = cores or os.cpu_count() or 1
-    wanted = max(1, min(torch.get_num_threads(), cores - 1))
-    if wanted == torch.get_num_threads():
-        return None
-    torch.set_num_threads(wanted)
-    return wanted
-
-
 def cpu_name() -> str:
     """The CPU model from /proc/cpuinfo (Linux), else ``platform.processor()``."""
     try:

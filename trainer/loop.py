@@ -25,6 +25,7 @@ from trainer.events import (
     Step,
     safe_emit,
 )
+from trainer.optim_lr import effective_lr, lr_notes
 from trainer.plan import Meter
 
 log = logging.getLogger(__name__)
@@ -111,11 +112,17 @@ class _Job:
     def _started(self) -> None:
         s, tr = self.session, self.cfg.training
         data, plan = s.data, s.plan
+        n = s.accelerator.num_processes
+        per_step = f" x {n} processes = {tr.train_batch_size * n} images per batch" if n > 1 \
+            else ""
         self.log(f"{data.num_images} images, {data.num_repeated} with repeats; batch "
-                 f"{tr.train_batch_size} x accumulation {tr.gradient_accumulation_steps}: "
+                 f"{tr.train_batch_size}{per_step} x accumulation "
+                 f"{tr.gradient_accumulation_steps}: "
                  f"{plan.steps_per_epoch} steps/epoch x {plan.epochs} epochs = "
                  f"{plan.total_steps} steps")
         self.log("Buckets: " + ", ".join(f"{k}: {v}" for k, v in data.bucket_table().items()))
+        for note in lr_notes(self.cfg.optimizer):
+            self.log(note, "warning")
         self.started_at = time.time()
         self.emit(Started(
             total_steps=plan.total_steps, epochs=plan.epochs,
@@ -127,6 +134,7 @@ class _Job:
 
     # -- the loop -----------------------------------------------------------------------------
     def _loop(self) -> str:
+        from trainer.distributed import average_gradients, check_in_step, mean_loss, stop_agreed
         from trainer.failures import check_loss
         from trainer.step import batch_loss
 
@@ -139,13 +147,14 @@ class _Job:
             self.epoch, self.epoch_done = epoch, False
             self.position = start.position if epoch == start.epoch else 0
             for batch in s.data.epoch(epoch, cfg.training.train_batch_size, cfg.training.seed,
-                                      skip=self.position):
+                                      skip=self.position, shard=s.shard):
                 self.position += 1
                 with acc.accumulate(*s.trained):
                     loss = batch_loss(batch, model, cfg, acc.device, s.dtype)
                     check_loss(loss, self.step + 1, cfg, s.precision, batch.paths)
                     acc.backward(loss)
                     if acc.sync_gradients:
+                        average_gradients(params, acc)  # more than one process (DDP)
                         self._clip(params)
                     s.optimizer.step()
                     s.optimizer.zero_grad(set_to_none=True)
@@ -156,8 +165,9 @@ class _Job:
                 note = s.method.after_step(model, self.step)
                 if note:
                     self.log(note)
-                self._after_step(epoch, loss.item())
-                if self.control.stop_requested:
+                check_in_step(params, acc, self.step)
+                self._after_step(epoch, mean_loss(loss, acc))
+                if stop_agreed(self.control.stop_requested, acc):  # rank 0 decides
                     self.log(f"Stop requested: saving at step {self.step}")
                     self._save(epoch, "")
                     return "stopped"
@@ -181,8 +191,11 @@ class _Job:
 
     def _after_step(self, epoch: int, loss: float) -> None:
         s, step, meter = self.session, self.step, self.meter
+        if s.threads is not None and s.threads.tick():
+            self.log(f"CPU threads: {s.threads.threads} (other processes use "
+                     f"{s.threads.changes[-1][1]:.1f} cores)")
         meter.update(loss, time.time())
-        lr = s.scheduler.get_last_lr()[0]
+        lr = effective_lr(s.optimizer, s.scheduler)  # d*lr, Adafactor's relative step
         self.emit(Step(step=step, total_steps=s.plan.total_steps, epoch=epoch, loss=loss,
                        loss_avg=meter.loss_avg, lr=lr, it_per_s=meter.it_per_s,
                        eta_s=meter.eta(s.plan.total_steps - step)))
@@ -190,7 +203,8 @@ class _Job:
             s.accelerator.log({"loss": loss, "loss_avg": meter.loss_avg, "lr": lr}, step=step)
         from trainer.validation import maybe_validate  # the validation loss, when it is due
 
-        maybe_validate(s, step, self)
+        if s.accelerator.is_main_process:  # rank 0 alone validates, samples and saves
+            maybe_validate(s, step, self)
         sv, sm = self.cfg.saving, self.cfg.sampling
         if self.control.take_sample_request() or (
                 sm.sample_every_n_steps and step % sm.sample_every_n_steps == 0):
@@ -223,6 +237,8 @@ class _Job:
     def _save(self, epoch: int, suffix: str) -> None:
         from trainer.outputs import save_checkpoint
 
+        if not self.session.accelerator.is_main_process:
+            return
         progress = self._progress() if self.cfg.saving.save_state else None
         path = save_checkpoint(self.session, self, epoch, self.step, suffix, self.started_at,
                                progress)
@@ -232,6 +248,8 @@ class _Job:
     def _samples(self) -> None:
         from trainer.outputs import save_samples
 
+        if not self.session.accelerator.is_main_process:
+            return
         if self._sampled_at == self.step:  # e.g. every N steps and the end of an epoch
             return
         self._sampled_at = self.step

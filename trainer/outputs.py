@@ -15,6 +15,7 @@ from typing import Any
 from trainer import config_io
 from trainer.config import TrainConfig
 from trainer.events import Checkpoint, Sample
+from trainer.optim_lr import averaged_weights
 
 
 def run_facts(s: Any, epoch: int, step: int, started_at: float):
@@ -39,7 +40,7 @@ def run_facts(s: Any, epoch: int, step: int, started_at: float):
         training_started_at=started_at, base_model_version=model.version,
         prediction_type=model.prediction_type, mixed_precision=s.accelerator.mixed_precision,
         optimizer=opt_name, sd_model_hash=s.base_model_hash if single_file else None,
-        base_model_hash=s.base_model_hash,
+        base_model_hash=s.base_model_hash, num_processes=s.accelerator.num_processes,
     )
 
 
@@ -54,7 +55,8 @@ def save_checkpoint(s: Any, out: Any, epoch: int, step: int, suffix: str,
     path = Path(cfg.saving.output_dir) / f"{cfg.saving.output_name}{suffix}.safetensors"
     facts = run_facts(s, epoch, step, started_at)
     try:
-        s.method.save(path, s.model, facts, final=not suffix)
+        with averaged_weights(s.optimizer):  # schedule-free: the averaged weights
+            s.method.save(path, s.model, facts, final=not suffix)
         config_io.save(cfg, path.with_suffix(".toml"))
         state = save_state(s, progress) if progress is not None else None
     except OSError as exc:
@@ -75,7 +77,8 @@ def save_samples(s: Any, out: Any, step: int) -> None:
     prompts = s.cfg.sampling.sample_prompts
     if not prompts:
         return
-    paths = make_samples(s.model, s.cfg, step, s.accelerator)
+    with averaged_weights(s.optimizer):
+        paths = make_samples(s.model, s.cfg, step, s.accelerator)
     out.log(f"Sample images: {', '.join(str(p) for p in paths)}")
     out.emit(Sample(step=step, paths=tuple(str(p) for p in paths), prompts=tuple(prompts)))
 

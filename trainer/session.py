@@ -55,6 +55,8 @@ class Session:
     trained: list[Any] = field(default_factory=list)  # the modules with trained parameters
     base_model_hash: Optional[str] = None
     progress: Progress = field(default_factory=Progress)  # where the loop starts (resume)
+    shard: Optional[tuple[int, int]] = None  # (rank, processes) with more than one process
+    threads: Any = None  # trainer.threads.CpuThreads on the CPU backend
 
     def release(self) -> None:
         """Drop the models and free the device memory (the GUI process lives on)."""
@@ -79,6 +81,7 @@ def prepare(s: Session, out: Reporter) -> None:
     """Build ``s`` stage by stage; raises on bad input, with the setting or file named."""
     from trainer.class_images import ensure_class_images
     from trainer.data import prepare_dataset
+    from trainer.distributed import main_process_first, rank
     from trainer.failures import check_output_dir
     from trainer.methods import get_method
     from trainer.models.loader import load_base_model
@@ -88,20 +91,26 @@ def prepare(s: Session, out: Reporter) -> None:
     resume = resolve_resume(s.cfg) if s.cfg.training.resume else None
     _device(s, out)
     s.method = get_method(s.cfg)
-    s.data = prepare_dataset(s.cfg, warn=lambda m: out.log(m, "warning"))
-    out.check_stop()
-    s.model = load_base_model(s.cfg.model)
+    with main_process_first(s.device_info):  # rank 0 first: it may build the tiny model
+        s.data = prepare_dataset(s.cfg, warn=lambda m: out.log(m, "warning"))
+        out.check_stop()
+        s.model = load_base_model(s.cfg.model)
     out.check_stop()
     out.log(f"Base model: {s.model.source} ({s.model.description or s.model.version})")
-    if ensure_class_images(s.cfg, s.model, s.device_info, s.precision, out):
-        s.data = prepare_dataset(s.cfg, warn=lambda m: out.log(m, "warning"))
+    with main_process_first(s.device_info):  # rank 0 generates, the other processes wait
+        if ensure_class_images(s.cfg, s.model, s.device_info, s.precision, out) or rank():
+            s.data = prepare_dataset(s.cfg, warn=lambda m: out.log(m, "warning"))
     _noise_schedule(s, out)
     s.accelerator = _accelerator(s.cfg, s.device_info, s.precision)
+    if s.accelerator.num_processes > 1:
+        s.shard = (s.accelerator.process_index, s.accelerator.num_processes)
     groups = _place_and_inject(s)
+    _compile(s, out)
     _cache(s, out)
     out.check_stop()
     tr = s.cfg.training
-    s.plan = plan_steps(s.data.steps_per_epoch(tr.train_batch_size),
+    processes = s.accelerator.num_processes  # a step trains the global batch
+    s.plan = plan_steps(s.data.steps_per_epoch(tr.train_batch_size * processes),
                         tr.gradient_accumulation_steps, tr.max_train_steps, tr.max_train_epochs)
     _optimizer(s, groups)
     s.base_model_hash = _base_hash(s.model.source)
@@ -113,17 +122,18 @@ def prepare(s: Session, out: Reporter) -> None:
 
 
 def _device(s: Session, out: Reporter) -> None:
-    from trainer.device import check_full_bf16, configure_cpu_threads, detect, resolve_precision
+    from trainer.device import check_full_bf16, detect, resolve_precision
+    from trainer.threads import adaptive_threads
 
     s.device_info = info = detect()
     s.precision = resolve_precision(s.cfg.training.mixed_precision, info)
     s.dtype = DTYPES[s.precision]
     check_full_bf16(s.cfg.training.full_bf16, s.precision)
     out.log(f"Device: {info.summary()}; mixed precision: {s.precision}")
-    threads = configure_cpu_threads(info)
-    if threads:
-        out.log(f"CPU training with {threads} thread(s), leaving a core free "
-                f"(set OMP_NUM_THREADS to choose)")
+    s.threads = adaptive_threads(info.backend)
+    if s.threads:
+        out.log(f"CPU training with {s.threads.threads} thread(s), one fewer while other "
+                f"processes keep a core busy (OMP_NUM_THREADS fixes the count)")
 
 
 def _noise_schedule(s: Session, out: Reporter) -> None:
@@ -197,6 +207,20 @@ def _place_and_inject(s: Session) -> list[dict[str, Any]]:
     return groups
 
 
+def _compile(s: Session, out: Reporter) -> None:
+    """torch.compile of the UNet, in place (``Module.compile``): names, hooks and the saved
+    files stay as they are; only the forward runs through the compiler."""
+    from trainer.speed import CompileUnavailable, compile_options, compile_problem
+
+    if not s.cfg.training.compile:
+        return
+    problem = compile_problem(s.device_info.backend)
+    if problem:
+        raise CompileUnavailable(f"training.compile is on, but {problem}")
+    s.model.unet.compile(**compile_options())
+    out.log("UNet compiled with torch.compile: the first steps wait for the compiler")
+
+
 def _cache(s: Session, out: Reporter) -> None:
     ds, model = s.cfg.dataset, s.model
     if ds.cache_latents:
@@ -211,17 +235,35 @@ def _cache(s: Session, out: Reporter) -> None:
         out.log(f"Latent cache ready: {encoded} image(s) encoded in {time.time() - start:.1f}s")
         if not s.cfg.sampling.sample_prompts:
             model.vae.to("cpu")  # not needed on the device any more
-    if ds.cache_text_encoder_outputs:  # prepare_dataset refused it where it is not valid
+    if _caches_text(s):
         with torch.no_grad():
             s.data.cache_text(lambda caps: encode_captions(model, caps, s.cfg.model.clip_skip))
 
 
+def _caches_text(s: Session) -> bool:
+    """On: prepare_dataset refused it where it is not valid. Unset: wherever the outputs cannot
+    change, since encoding each caption once is the same run, faster (the text encoder is a
+    large part of a small-resolution step)."""
+    from trainer.data.text_cache import text_cache_allowed
+
+    wanted = s.cfg.dataset.cache_text_encoder_outputs
+    if wanted is None:
+        return text_cache_allowed(s.cfg, s.method.trains_text_encoder)[0] \
+            and not s.data.text_cache_blocker
+    return wanted
+
+
 def _optimizer(s: Session, groups: list[dict[str, Any]]) -> None:
+    from trainer.distributed import broadcast_params
     from trainer.optim import make_optimizer, make_scheduler
 
     optimizer = make_optimizer(s.cfg.optimizer, groups, s.device_info.backend)
     s.scheduler = make_scheduler(s.cfg.optimizer, optimizer, s.plan.total_steps)
     s.trained = _trained_modules(s.model)
+    if s.accelerator.num_processes > 1:  # no DDP wrapper: see trainer/distributed.py
+        s.optimizer = s.accelerator.prepare_optimizer(optimizer)
+        broadcast_params(s.trained, s.accelerator)
+        return
     s.optimizer = s.accelerator.prepare(*s.trained, optimizer)[-1]
 
 

@@ -7,6 +7,9 @@ across steps when those stay put, so each image is scored at the same few timest
 the schedule (:data:`TIMESTEP_FRACTIONS`) with noise drawn once from a generator seeded by
 ``training.seed`` and the image's position. What changes between two measurements is then the
 model alone. The images are encoded once, without flips, crops at random or caption changes.
+The training loss's options (loss_type, masked_loss, min-SNR, debiased or v-scaled weights,
+noise offset, multires noise, timestep bounds) do not apply: it is the plain mean squared error,
+comparable between runs that set them differently.
 
 It runs every ``training.validate_every_n_steps`` steps (unset: at every epoch's end) and at the
 last step, with the model in eval mode and no gradients, then puts the train modes back. Its
@@ -61,6 +64,7 @@ def validation_data(data: Any, cfg: Any) -> Any:
     held.flip_aug = held.random_crop = False
     ds = cfg.dataset
     held.caption_options = CaptionOptions(prefix=ds.caption_prefix, suffix=ds.caption_suffix)
+    held.steady()  # the same for a dataset TOML's per-subset options
     return held
 
 
@@ -143,7 +147,11 @@ def maybe_validate(session: Any, step: int, out: Any) -> Optional[float]:
     vset = _SETS.get(data)
     if vset is None:
         vset = _SETS[data] = build_set(data, session.model, cfg)
-    loss = validation_loss(vset, session.model, cfg, session.accelerator.device, session.dtype)
+    from trainer.optim_lr import averaged_weights  # schedule-free: the averaged weights
+
+    with averaged_weights(session.optimizer):
+        loss = validation_loss(vset, session.model, cfg, session.accelerator.device,
+                               session.dtype)
     out.emit(Validation(step=step, loss=loss, images=len(vset.items)))
     out.log(f"Validation loss at step {step}: {loss:.5f} ({len(vset.items)} image(s) x "
             f"{len(vset.timesteps)} fixed timesteps)")

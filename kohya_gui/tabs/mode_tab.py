@@ -20,7 +20,7 @@ from typing import Any
 
 import gradio as gr
 
-from kohya_gui import advisor_panel, presets
+from kohya_gui import advisor_panel, kohya_import, presets
 from kohya_gui.dataset_check import check_dataset
 from kohya_gui.fields import Form, build_form, search_updates
 from kohya_gui.runner import QueueFull, Runner, config_copy_path
@@ -80,6 +80,7 @@ def _preset_row(tab: ModeTab, initial_path: str | None, message: str) -> None:
                                              elem_id=f"{mode}-load-config")
         tab.parts["save_config"] = gr.Button("Save", scale=0, min_width=60, size="sm",
                                              elem_id=f"{mode}-save-config")
+        tab.parts["load_kohya"] = kohya_import.upload_button(mode)
     tab.parts["file_msg"] = gr.Markdown(message, elem_id=f"{mode}-file-msg",
                                         elem_classes=["ks-small"])
 
@@ -220,6 +221,11 @@ def wire(tab: ModeTab, runner: Runner, info: Any = None) -> None:
                        p["preset"], api_visibility="private")
     p["load_config"].click(lambda path: fill(*load_config_file(form, path)), p["config_path"],
                            form_outputs + [p["file_msg"]], api_name=f"{mode}_load_config").then(
+        lambda data: dataset_info(form, form.by_path(data)), form.inputs, p["dataset_md"],
+        api_visibility="private", **raw)
+    p["load_kohya"].upload(lambda path: fill(*kohya_import.load_kohya_config(form, path)),
+                           p["load_kohya"], form_outputs + [p["file_msg"]],
+                           api_name=f"{mode}_load_kohya").then(
         lambda data: dataset_info(form, form.by_path(data)), form.inputs, p["dataset_md"],
         api_visibility="private", **raw)
 

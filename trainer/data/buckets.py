@@ -6,6 +6,8 @@ aspect ratio is nearest its own; it is resized, keeping its aspect ratio, until 
 bucket, then cropped to it (at the center, or at a random place). With ``no_upscale`` an image
 smaller than the bucket area gets a bucket of its own size rounded down to ``step``, so it is
 never enlarged. With bucketing off every image goes to ``resolution x resolution``.
+A non-square base (``height``, from a dataset TOML's ``resolution = [w, h]``) sets the area
+``w * h`` (sd-scripts' ``max_area``) and, with bucketing off, the one size ``w x h``.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class BucketSpec:
     max_side: int = 1024
     step: int = 64
     no_upscale: bool = False
+    height: Optional[int] = None  # a non-square base: resolution x height
 
     @classmethod
     def from_config(cls, ds: Any) -> BucketSpec:
@@ -41,8 +44,13 @@ class BucketSpec:
         )
 
     @property
+    def base(self) -> Size:
+        """The base size (width, height): every image's size with bucketing off."""
+        return (self.resolution, self.height or self.resolution)
+
+    @property
     def max_area(self) -> int:
-        return self.resolution * self.resolution
+        return self.base[0] * self.base[1]
 
 
 def bucket_name(bucket: Size) -> str:
@@ -95,7 +103,7 @@ def no_upscale_bucket(size: Size, max_area: int, max_side: int, step: int) -> Si
 def assign_bucket(size: Size, spec: BucketSpec, buckets: Optional[list[Size]] = None) -> Size:
     """The bucket of an image of ``size`` under ``spec`` (``buckets``: a precomputed table)."""
     if not spec.enabled:
-        return (spec.resolution, spec.resolution)
+        return spec.base
     if spec.no_upscale and size[0] * size[1] <= spec.max_area:
         return no_upscale_bucket(size, spec.max_area, spec.max_side, spec.step)
     table = buckets if buckets is not None else bucket_table_for(spec)
@@ -103,7 +111,7 @@ def assign_bucket(size: Size, spec: BucketSpec, buckets: Optional[list[Size]] = 
 
 
 def bucket_table_for(spec: BucketSpec) -> list[Size]:
-    return make_buckets(spec.resolution, spec.min_side, spec.max_side, spec.step)
+    return make_buckets(math.isqrt(spec.max_area), spec.min_side, spec.max_side, spec.step)
 
 
 def cover_size(size: Size, bucket: Size) -> Size:

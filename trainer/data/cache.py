@@ -23,6 +23,7 @@ from safetensors.torch import load_file
 from ..export.safe_write import save_safetensors_atomic
 from .buckets import Box, Size, bucket_name
 from .images import load_image, render, to_tensor
+from .masks import MaskSource, render_mask
 
 CACHE_FORMAT = "1"
 Encode = Callable[[torch.Tensor], torch.Tensor]
@@ -38,6 +39,7 @@ class LatentJob:
     bucket: Size
     resized: Size
     box: Box
+    mask: Optional[MaskSource] = None  # training.masked_loss: the mask is cached beside
 
 
 def latent_cache_key(job: LatentJob, flip: bool, vae_id: str) -> str:
@@ -45,18 +47,21 @@ def latent_cache_key(job: LatentJob, flip: bool, vae_id: str) -> str:
         CACHE_FORMAT, job.content_hash, bucket_name(job.bucket), bucket_name(job.resized),
         ",".join(map(str, job.box)), f"flip={int(flip)}", vae_id,
     ]
+    if job.mask is not None:  # a file without the mask is never reused for a masked run
+        parts.append(f"mask={job.mask.key}")
     return hashlib.sha256("\n".join(parts).encode("utf-8")).hexdigest()
 
 
-def _names(flip: bool) -> list[str]:
-    return ["latent", "latent_flipped"] if flip else ["latent"]
+def _names(flip: bool, mask: bool = False) -> list[str]:
+    return (["latent", "latent_flipped"] if flip else ["latent"]) + (["mask"] if mask else [])
 
 
-def is_valid_cache_file(path: Path, key: str, flip: bool) -> bool:
+def is_valid_cache_file(path: Path, key: str, flip: bool, mask: bool = False) -> bool:
     """True when ``path`` is a readable cache file for ``key`` holding the needed latents."""
     try:
         with safe_open(str(path), framework="pt") as f:
-            return (f.metadata() or {}).get("key") == key and set(_names(flip)) <= set(f.keys())
+            return ((f.metadata() or {}).get("key") == key
+                    and set(_names(flip, mask)) <= set(f.keys()))
     except Exception:  # missing, truncated or not safetensors: encode again
         return False
 
@@ -82,6 +87,15 @@ class LatentStore:
         if latents is None:
             latents = load_file(str(self._files[index]))
         return latents["latent_flipped" if flipped else "latent"]
+
+    def get_with_mask(self, index: int, flipped: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """The latent and its cached loss mask [1, h, w] (flipped with it), one file read."""
+        entry = self._memory.get(index)
+        if entry is None:
+            entry = load_file(str(self._files[index]))
+        latent = entry["latent_flipped" if flipped else "latent"]
+        mask = entry["mask"] if "mask" in entry else torch.ones(1, *latent.shape[-2:])
+        return latent, mask.flip(-1) if flipped else mask
 
 
 def _pixels(job: LatentJob) -> torch.Tensor:
@@ -116,7 +130,10 @@ def encode_jobs(
             if flip:  # flipping the rendered crop equals rendering with flip=True
                 outputs["latent_flipped"] = _encode(encode, pixels.flip(-1), bucket)
             for row, job in enumerate(chunk):
-                yield job, {name: t[row].clone() for name, t in outputs.items()}
+                latents = {name: t[row].clone() for name, t in outputs.items()}
+                if job.mask is not None:
+                    latents["mask"] = render_mask(job.mask, job.resized, job.box)
+                yield job, latents
 
 
 def build_latent_cache(
@@ -138,7 +155,7 @@ def build_latent_cache(
             continue
         key = latent_cache_key(job, flip, vae_id)
         files[job.index] = (cache_dir / f"{key}.safetensors", key)
-        if is_valid_cache_file(files[job.index][0], key, flip):
+        if is_valid_cache_file(files[job.index][0], key, flip, job.mask is not None):
             store.put_file(job.index, files[job.index][0])
         else:
             todo.append(job)

@@ -6,6 +6,13 @@ probability ``dropout_rate`` the whole caption becomes empty (unconditional trai
 suffix are dropped too). The prefix and suffix are never shuffled or dropped by tag dropout; they
 are joined to the caption with ", ". All randomness comes from the ``random.Random`` the caller
 passes, so a seeded run is reproducible.
+
+Two options come from sd-scripts' dataset TOML (its ``process_caption`` in library/train_util.py):
+``dropout_every_n_epochs`` empties every caption in each n-th epoch (epochs count from 1), and
+``keep_tokens_separator`` (e.g. ``|||``) splits the whole text (prefix, caption and suffix) into a
+fixed head, a flexible middle that is shuffled and tag-dropped, and an optional fixed tail;
+``keep_tokens`` is then ignored. Unlike sd-scripts the separator never reaches the text encoder,
+also when nothing is shuffled.
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ class CaptionOptions:
     tag_dropout_rate: float = 0.0
     prefix: Optional[str] = None
     suffix: Optional[str] = None
+    keep_tokens_separator: Optional[str] = None
+    dropout_every_n_epochs: Optional[int] = None
 
     @classmethod
     def from_config(cls, ds: Any) -> CaptionOptions:
@@ -39,7 +48,8 @@ class CaptionOptions:
     @property
     def is_static(self) -> bool:
         """True when a caption comes out the same at every step (no shuffle, no dropout)."""
-        return not self.shuffle and self.dropout_rate == 0 and self.tag_dropout_rate == 0
+        return (not self.shuffle and self.dropout_rate == 0 and self.tag_dropout_rate == 0
+                and not self.dropout_every_n_epochs)
 
 
 def split_tags(caption: str) -> list[str]:
@@ -56,16 +66,35 @@ def full_caption(caption: str, opts: CaptionOptions) -> str:
     return _join([opts.prefix, caption, opts.suffix])
 
 
-def apply_caption(caption: str, opts: CaptionOptions, rng: random.Random) -> str:
-    """The caption as trained at this step."""
+def _flexible(tags: list[str], opts: CaptionOptions, rng: random.Random) -> list[str]:
+    if opts.tag_dropout_rate > 0:
+        tags = [t for t in tags if rng.random() >= opts.tag_dropout_rate]
+    if opts.shuffle:
+        rng.shuffle(tags)
+    return tags
+
+
+def _separated(text: str, opts: CaptionOptions, rng: random.Random) -> str:
+    """``head SEP middle [SEP tail]``: only the middle's tags are dropped and shuffled."""
+    head, _, rest = text.partition(opts.keep_tokens_separator or "")
+    middle, _, tail = rest.partition(opts.keep_tokens_separator or "")
+    tags = split_tags(head) + _flexible(split_tags(middle), opts, rng) + split_tags(tail)
+    return ", ".join(tags)
+
+
+def apply_caption(caption: str, opts: CaptionOptions, rng: random.Random,
+                  epoch: Optional[int] = None) -> str:
+    """The caption as trained at this step (of ``epoch``, counted from 1, when given)."""
     if opts.dropout_rate > 0 and rng.random() < opts.dropout_rate:
         return ""
+    if opts.dropout_every_n_epochs and epoch is not None \
+            and epoch % opts.dropout_every_n_epochs == 0:
+        return ""
+    sep = opts.keep_tokens_separator
+    if sep and sep in (whole := _join([opts.prefix, caption, opts.suffix])):
+        return _separated(whole, opts, rng)
     if opts.shuffle or opts.tag_dropout_rate > 0:
         tags = split_tags(caption)
         fixed, flexible = tags[: opts.keep_tokens], tags[opts.keep_tokens :]
-        if opts.tag_dropout_rate > 0:
-            flexible = [t for t in flexible if rng.random() >= opts.tag_dropout_rate]
-        if opts.shuffle:
-            rng.shuffle(flexible)
-        caption = ", ".join(fixed + flexible)
+        caption = ", ".join(fixed + _flexible(flexible, opts, rng))
     return _join([opts.prefix, caption, opts.suffix])

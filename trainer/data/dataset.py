@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -24,11 +24,12 @@ from .buckets import BucketSpec, Size, assign_bucket, bucket_name, bucket_table_
 from .buckets import crop_box as make_crop_box
 from .cache import Encode, LatentJob, LatentStore, build_latent_cache
 from .captions import CaptionOptions, apply_caption, full_caption, split_tags
-from .discover import ImageEntry, scan_root, validate
+from .discover import Candidate, ImageEntry, SubsetOptions, scan_root, validate
 from .errors import DatasetError
 from .images import load_image, render, to_tensor
+from .masks import find_masks, full_mask, render_mask
 from .sample import resolve_dataset_dir
-from .sampler import count_batches, group_by_bucket, plan_epoch, sample_counts
+from .sampler import count_batches, group_by_bucket, plan_epoch, sample_counts, shard_rows
 from .split import validation_entries
 from .templates import captions_without_token, template_caption, templates_for, token_problem
 from .text_cache import EncodeText, TextCache, text_cache_blocker
@@ -54,6 +55,8 @@ class Batch:
     pixels: Optional[torch.Tensor] = None  # [B, 3, H, W] in [-1, 1] otherwise
     text: Any = None  # TextConditioning (hidden, pooled) when the text cache is used
     size_ids: Optional[torch.Tensor] = None  # [B, 6]: SDXL's original size, crop, target size
+    mask: Optional[torch.Tensor] = None  # [B, 1, H/8, W/8] in 0..1: training.masked_loss
+    rows: Optional[tuple[int, int, int]] = None  # a process's share: first, end, global size
     paths: list[Path] = field(default_factory=list)
 
 
@@ -70,13 +73,18 @@ class TrainingData:
         self.text_cache_blocker = text_cache_blocker(cfg)
         self.templates = templates_for(cfg)  # textual inversion's built-in captions
         self.token = cfg.network.token_string
-        table = bucket_table_for(self.spec) if self.spec.enabled else None
-        self.buckets: list[Size] = [assign_bucket(e.size, self.spec, table) for e in entries]
-        self.counts = sample_counts([e.repeats for e in entries], [e.is_reg for e in entries])
+        # a dataset TOML's per-subset options (None: the dataset section's, above)
+        self._options: list[Optional[SubsetOptions]] = [e.folder.options for e in entries]
+        specs = [o.spec if o else self.spec for o in self._options]
+        tables = {spec: bucket_table_for(spec) for spec in set(specs) if spec.enabled}
+        self.buckets: list[Size] = [assign_bucket(e.size, spec, tables.get(spec))
+                                    for e, spec in zip(entries, specs)]
+        self.counts = _sample_counts(entries, self._options)
         self._groups = group_by_bucket(self.counts, self.buckets)
         self._latents: Optional[LatentStore] = None
         self._text: Optional[TextCache] = None
         self.held_out: list[ImageEntry] = []  # validation images (trainer/data/split.py)
+        self.masks: Optional[list] = None  # per entry MaskSource or None (trainer/data/masks.py)
 
     @property
     def num_images(self) -> int:
@@ -117,6 +125,27 @@ class TrainingData:
                 info["img_count"] += 1
         return out
 
+    def _caption_opts(self, index: int) -> CaptionOptions:
+        option = self._options[index]
+        return option.caption if option else self.caption_options
+
+    def _flip_aug(self, index: int) -> bool:
+        option = self._options[index]
+        return option.flip_aug if option else self.flip_aug
+
+    def _random_crop(self, index: int) -> bool:
+        option = self._options[index]
+        return option.random_crop if option else self.random_crop
+
+    def steady(self) -> None:
+        """No per-step changes (validation): no flips, no random crops, captions with only their
+        prefix and suffix (and keep_tokens_separator, which is no change)."""
+        self.flip_aug = self.random_crop = False
+        self.caption_options = _steady_caption(self.caption_options)
+        self._options = [replace(o, flip_aug=False, random_crop=False,
+                                 caption=_steady_caption(o.caption)) if o else None
+                         for o in self._options]
+
     def _geometry(self, index: int, rng: Optional[random.Random]) -> tuple[Size, tuple]:
         entry, bucket = self.entries[index], self.buckets[index]
         resized = cover_size(entry.size, bucket)
@@ -133,16 +162,16 @@ class TrainingData:
         """Encode every image once (``encode``: pixels [B,3,H,W] in [-1,1] on the CPU ->
         latents [B,C,H/8,W/8]); on disk under ``cache_dir`` (default ``<train_data_dir>/.cache``)
         when ``to_disk``. Returns how many images were encoded (0 when the disk cache is valid)."""
-        if self.random_crop:
+        if any(self._random_crop(i) for i in range(len(self.entries))):
             raise ValueError(random_crop_conflict())
         jobs = []
         for index, entry in enumerate(self.entries):
             resized, box = self._geometry(index, None)
             jobs.append(LatentJob(index, entry.path, entry.content_hash, self.buckets[index],
-                                  resized, box))
+                                  resized, box, self.masks[index] if self.masks else None))
         folder = (Path(cache_dir) if cache_dir else self.default_cache_dir) if to_disk else None
-        store, encoded = build_latent_cache(jobs, encode, vae_id, self.flip_aug, folder,
-                                            batch_size)
+        flip = any(self._flip_aug(i) for i in range(len(self.entries)))
+        store, encoded = build_latent_cache(jobs, encode, vae_id, flip, folder, batch_size)
         self._latents = store
         return encoded
 
@@ -154,10 +183,11 @@ class TrainingData:
 
     def final_captions(self) -> list[str]:
         """The caption of every image as trained, when captions do not change per step."""
-        if not self.caption_options.is_static:
+        opts = [self._caption_opts(i) for i in range(len(self.entries))]
+        if not all(o.is_static for o in opts):
             raise ValueError("captions change per step (shuffle or dropout is on)")
         rng = random.Random(0)
-        return [apply_caption(e.caption, self.caption_options, rng) for e in self.entries]
+        return [apply_caption(e.caption, o, rng) for e, o in zip(self.entries, opts)]
 
     def cache_text(self, encode_text: EncodeText, batch_size: int = 16) -> int:
         """Encode each distinct final caption once; returns how many captions were encoded.
@@ -169,12 +199,18 @@ class TrainingData:
         self._text = TextCache.build(self.final_captions(), encode_text, batch_size)
         return len(self._text)
 
-    def epoch(self, epoch: int, batch_size: int, seed: int, skip: int = 0) -> Iterator[Batch]:
+    def epoch(self, epoch: int, batch_size: int, seed: int, skip: int = 0,
+              shard: Optional[tuple[int, int]] = None) -> Iterator[Batch]:
         """The batches of ``epoch``; their number is ``steps_per_epoch(batch_size)``. ``skip``
-        leaves out the first batches (a resumed run): the rest are exactly as they would be."""
-        for step, indices in enumerate(plan_epoch(self._groups, batch_size, seed, epoch)):
+        leaves out the first batches (a resumed run): the rest are exactly as they would be.
+        ``shard`` = (rank, processes): the epoch of the global batch ``batch_size x processes``,
+        of which this process gets its rows (sampler.shard_rows; trainer/distributed.py)."""
+        rank, world = shard or (0, 1)
+        for step, indices in enumerate(plan_epoch(self._groups, batch_size * world, seed, epoch)):
             if step >= skip:
-                yield self._batch(indices, random.Random(f"{seed}:{epoch}:{step}"))
+                rows = shard_rows(len(indices), batch_size, rank) if shard else None
+                yield self._batch(indices, random.Random(f"{seed}:{epoch}:{step}"), rows,
+                                  epoch)
 
     def _pixels(self, index: int, flip: bool, geometry: tuple[Size, tuple]) -> torch.Tensor:
         rgb = load_image(self.entries[index].path).rgb
@@ -185,26 +221,69 @@ class TrainingData:
         box = geometry[1]
         return size_ids(self.entries[index].size, (box[0], box[1]), self.buckets[index])
 
-    def _batch(self, indices: list[int], rng: random.Random) -> Batch:
+    def _batch(self, indices: list[int], rng: random.Random,
+               rows: Optional[range] = None, epoch: Optional[int] = None) -> Batch:
         entries = [self.entries[i] for i in indices]
         bases = [template_caption(self.templates, self.token, rng) if self.templates
                  else e.caption for e in entries]
-        captions = [apply_caption(c, self.caption_options, rng) for c in bases]
-        flips = [self.flip_aug and rng.random() < 0.5 for _ in indices]
+        captions = [apply_caption(c, self._caption_opts(i), rng, epoch)
+                    for i, c in zip(indices, bases)]
+        flips = [self._flip_aug(i) and rng.random() < 0.5 for i in indices]
         weights = [self.prior_loss_weight if e.is_reg else 1.0 for e in entries]
-        geometry = [self._geometry(i, rng if self.random_crop else None) for i in indices]
+        geometry = [self._geometry(i, rng if self._random_crop(i) else None) for i in indices]
+        if rows is not None:  # one process's rows; the draws above were the whole batch's
+            size, keep = len(indices), rows or range(1)  # none: a placeholder of weight 0
+            indices, entries, captions, flips, geometry = (
+                [v[i] for i in keep] for v in (indices, entries, captions, flips, geometry))
+            weights = [weights[i] if rows else 0.0 for i in keep]
         batch = Batch(captions, torch.tensor(weights, dtype=torch.float32),
                       self.buckets[indices[0]], paths=[e.path for e in entries],
                       size_ids=torch.tensor([self._size_ids(i, g)
                                              for i, g in zip(indices, geometry)]))
-        if self._latents is not None:
+        if rows is not None:
+            batch.rows = (keep.start, keep.stop, size)
+        if self._latents is not None and self.masks is not None:
+            pairs = [self._latents.get_with_mask(i, f) for i, f in zip(indices, flips)]
+            batch.latents = torch.stack([latent for latent, _ in pairs])
+            batch.mask = torch.stack([mask for _, mask in pairs])
+        elif self._latents is not None:
             batch.latents = torch.stack([self._latents.get(i, f) for i, f in zip(indices, flips)])
         else:
             batch.pixels = torch.stack([self._pixels(i, f, g)
                                         for i, f, g in zip(indices, flips, geometry)])
         if self._text is not None:
             batch.text = self._text.get(captions)
+        if self.masks is not None and batch.mask is None:
+            batch.mask = torch.stack([self._mask(i, f, g)
+                                      for i, f, g in zip(indices, flips, geometry)])
         return batch
+
+    def _mask(self, index: int, flip: bool, geometry: tuple[Size, tuple]) -> torch.Tensor:
+        source = self.masks[index] if self.masks else None
+        if source is None:
+            return full_mask(self.buckets[index])
+        return render_mask(source, geometry[0], geometry[1], flip)
+
+
+def _steady_caption(opts: CaptionOptions) -> CaptionOptions:
+    return CaptionOptions(prefix=opts.prefix, suffix=opts.suffix,
+                          keep_tokens_separator=opts.keep_tokens_separator)
+
+
+def _sample_counts(entries: list[ImageEntry], options: list[Optional[SubsetOptions]]
+                   ) -> list[int]:
+    """``sample_counts`` per dataset of a dataset TOML (sd-scripts matches the regularization
+    samples within each dataset); one dataset without a TOML."""
+    groups: dict[int, list[int]] = {}
+    for index, option in enumerate(options):
+        groups.setdefault(option.dataset if option else 0, []).append(index)
+    counts = [0] * len(entries)
+    for members in groups.values():
+        shares = sample_counts([entries[i].repeats for i in members],
+                               [entries[i].is_reg for i in members])
+        for index, share in zip(members, shares):
+            counts[index] = share
+    return counts
 
 
 def _config_problems(cfg: Any) -> list[str]:
@@ -225,6 +304,40 @@ def prepare_dataset(
     is where ``embedded:sample-dataset`` is generated."""
     ds = cfg.dataset
     problems = _config_problems(cfg)
+    found, train_dir = _scan(cfg, warn, problems, data_home)
+    if cfg.mode == "textual_inversion" and templates_for(cfg) is None:
+        opts = CaptionOptions.from_config(ds)
+        missing = captions_without_token(
+            [(c.path, full_caption(c.caption, c.folder.options.caption if c.folder.options
+                                   else opts)) for c in found], cfg.network.token_string)
+        if missing:
+            problems.append(token_problem(missing, len(found), cfg.network.token_string))
+    entries = validate(found, BucketSpec.from_config(ds), problems)
+    entries, held_out = validation_entries(cfg, entries, warn, problems)
+    if ds.dataset_config is not None:
+        from trainer.importers.dataset_toml import subset_masks
+
+        masks = subset_masks(cfg, entries, problems)
+    else:
+        masks = find_masks(cfg, entries, problems)
+    if problems:
+        raise DatasetError(problems)
+    data = TrainingData(entries, cfg, train_dir)
+    data.held_out = held_out
+    data.masks = masks
+    return data
+
+
+def _scan(cfg: Any, warn: Callable[[str], None], problems: list[str],
+          data_home: Optional[Path]) -> tuple[list[Candidate], Path]:
+    """The images of the run (training and regularization) and the folder of the default
+    latent cache: the folders of ``dataset.dataset_config``, or of train_data_dir and
+    reg_data_dir."""
+    ds = cfg.dataset
+    if ds.dataset_config is not None:
+        from trainer.importers.dataset_toml import dataset_candidates
+
+        return dataset_candidates(cfg, warn, problems)
     train_dir = resolve_dataset_dir(ds.train_data_dir, data_home or studio_data_home())
     found = scan_root(train_dir, "dataset.train_data_dir", ds.caption_extension, False, warn,
                       problems)
@@ -232,16 +345,4 @@ def prepare_dataset(
         found += scan_root(Path(ds.reg_data_dir).expanduser(), "dataset.reg_data_dir",
                            ds.caption_extension, True, warn, problems,
                            required=ds.num_class_images is None)
-    if cfg.mode == "textual_inversion" and templates_for(cfg) is None:
-        opts = CaptionOptions.from_config(ds)
-        missing = captions_without_token(
-            [(c.path, full_caption(c.caption, opts)) for c in found], cfg.network.token_string)
-        if missing:
-            problems.append(token_problem(missing, len(found), cfg.network.token_string))
-    entries = validate(found, BucketSpec.from_config(ds), problems)
-    entries, held_out = validation_entries(cfg, entries, warn, problems)
-    if problems:
-        raise DatasetError(problems)
-    data = TrainingData(entries, cfg, train_dir)
-    data.held_out = held_out
-    return data
+    return found, train_dir

@@ -18,9 +18,26 @@ from pathlib import Path
 from typing import Optional
 
 from .buckets import BucketSpec, size_problem
+from .captions import CaptionOptions
 from .images import inspect_image, is_image_file
 
 _CONCEPT = re.compile(r"^(\d+)_(.*)$", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class SubsetOptions:
+    """The options of one folder that a dataset TOML sets per subset (and per dataset: ``spec``,
+    ``dataset``); see trainer/importers/dataset_toml.py. A folder without them uses the
+    ``dataset`` section's values."""
+
+    caption: CaptionOptions
+    spec: BucketSpec
+    flip_aug: bool = False
+    random_crop: bool = False
+    dataset: int = 0  # which [[datasets]] entry: reg samples are matched per dataset
+    where: str = ""  # e.g. "datasets[0].subsets[1]", for messages
+    alpha_mask: bool = False  # training.masked_loss: the mask is the alpha channel
+    mask_dir: Optional[Path] = None  # training.masked_loss: a folder of mask images
 
 
 @dataclass(frozen=True)
@@ -28,6 +45,7 @@ class ConceptFolder:
     path: Path
     repeats: int
     concept: str
+    options: Optional[SubsetOptions] = None
 
 
 @dataclass(frozen=True)
@@ -130,13 +148,7 @@ def scan_root(
         return []
     found: list[Candidate] = []
     for folder in find_concept_folders(root, field, warn):
-        for path in sorted(p for p in folder.path.iterdir() if is_image_file(p)):
-            try:
-                caption = read_caption(path, caption_extension, folder.concept)
-            except ValueError as exc:
-                problems.append(str(exc))
-                continue
-            found.append(Candidate(path, caption, folder, is_reg))
+        found += scan_folder(folder, caption_extension, is_reg, problems)
     if not found and required:
         problems.append(
             f"{field}: no images found in {root}; it needs N_concept subfolders (e.g. 10_mycat/) "
@@ -145,12 +157,30 @@ def scan_root(
     return found
 
 
+def scan_folder(folder: ConceptFolder, caption_extension: str, is_reg: bool,
+                problems: list[str]) -> list[Candidate]:
+    """The images directly in ``folder``, sorted by name, with their captions (the folder's
+    concept where an image has no caption file); unreadable captions become problems."""
+    found = []
+    for path in sorted(p for p in folder.path.iterdir() if is_image_file(p)):
+        try:
+            caption = read_caption(path, caption_extension, folder.concept)
+        except ValueError as exc:
+            problems.append(str(exc))
+            continue
+        found.append(Candidate(path, caption, folder, is_reg))
+    return found
+
+
 def _check(candidate: Candidate, spec: BucketSpec) -> tuple[Optional[ImageEntry], Optional[str]]:
     try:
         info = inspect_image(candidate.path)
     except (OSError, ValueError) as exc:
         return None, f"{candidate.path}: {exc}"
-    reason = size_problem(info.size, spec)
+    options = candidate.folder.options
+    reason = size_problem(info.size, options.spec if options else spec)
+    if reason and options:  # a dataset TOML: its dataset's bucket options are the ones to change
+        reason = reason.replace("dataset.", f"{options.where.split('.')[0]}.")
     if reason:
         return None, f"{candidate.path}: {reason}"
     entry = ImageEntry(

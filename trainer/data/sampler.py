@@ -72,3 +72,16 @@ def plan_epoch(
         batches.extend(items[i : i + batch_size] for i in range(0, len(items), batch_size))
     rng.shuffle(batches)
     return batches
+
+
+def shard_rows(size: int, per_process: int, rank: int) -> range:
+    """The rows of a global batch of ``size`` that process ``rank`` trains (DDP).
+
+    Process ``r`` takes the block ``r*per_process .. (r+1)*per_process`` (per_process is
+    train_batch_size, as in sd-scripts and accelerate), so the processes' shares joined are the
+    global batch, in order. A bucket's last global batch may be short: the last processes then
+    get a smaller share, or none (an empty range; the caller trains a placeholder with loss
+    weight 0 so that every process still takes part in the step).
+    """
+    start = min(rank * per_process, size)
+    return range(start, min(start + per_process, size))

@@ -176,9 +176,23 @@ def _num(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)
 
 
+def network_module(cfg: Any) -> str:
+    """``ss_network_module``: ``networks.lora`` for peft LoRA, ``lycoris.kohya`` for LyCORIS."""
+    if cfg.network.network_type == "lora":
+        return NETWORK_MODULE
+    from trainer.export.lycoris import NETWORK_MODULE as LYCORIS_MODULE
+
+    return LYCORIS_MODULE
+
+
 def network_args(cfg: Any) -> dict[str, str]:
-    """sd-scripts' ``network_args`` (``conv_dim``, ``conv_alpha``) as strings, as it parses them."""
+    """sd-scripts' ``network_args`` (``conv_dim``, ``conv_alpha``) as strings, as it parses them;
+    for LyCORIS types the ``lycoris.kohya`` ones (trainer/export/lycoris.py)."""
     net = cfg.network
+    if net.network_type != "lora":
+        from trainer.export.lycoris import lycoris_network_args
+
+        return lycoris_network_args(cfg)
     if net.conv_dim is None:
         return {}
     alpha = net.conv_alpha if net.conv_alpha is not None else net.conv_dim
@@ -196,7 +210,7 @@ def optimizer_string(cfg: Any, facts: RunFacts) -> str:
 def _ss_network(cfg: Any, facts: RunFacts) -> dict[str, Any]:
     net, version = cfg.network, resolved_version(cfg, facts)
     return {
-        "ss_network_module": NETWORK_MODULE,
+        "ss_network_module": network_module(cfg),
         "ss_network_dim": net.network_dim,
         "ss_network_alpha": net.network_alpha,
         "ss_network_dropout": net.network_dropout,
@@ -240,6 +254,22 @@ def _ss_training(cfg: Any, facts: RunFacts) -> dict[str, Any]:
         "ss_min_snr_gamma": tr.min_snr_gamma,
         "ss_prior_loss_weight": tr.prior_loss_weight,
         "ss_training_comment": facts.training_comment,
+        **_ss_loss(tr),
+    }
+
+
+def _ss_loss(tr: Any) -> dict[str, Any]:
+    """The noise and loss options, under the names sd-scripts' train_network.py writes."""
+    return {
+        "ss_adaptive_noise_scale": tr.adaptive_noise_scale,
+        "ss_noise_offset_random_strength": tr.noise_offset_random_strength,
+        "ss_multires_noise_iterations": tr.multires_noise_iterations,
+        "ss_multires_noise_discount": tr.multires_noise_discount,
+        "ss_debiased_estimation": tr.debiased_estimation_loss,
+        "ss_loss_type": tr.loss_type,
+        "ss_huber_schedule": tr.huber_schedule,
+        "ss_huber_c": tr.huber_c,
+        "ss_huber_scale": tr.huber_scale,
     }
 
 

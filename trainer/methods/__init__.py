@@ -39,6 +39,10 @@ class TrainingMethod(Protocol):
 
 
 def get_method(cfg: TrainConfig) -> TrainingMethod:
+    if cfg.mode == "lora" and cfg.network.network_type != "lora":
+        from trainer.methods.lycoris import LycorisMethod  # LoCon, LoHa, LoKr, IA3, DoRA
+
+        return LycorisMethod(cfg)
     if cfg.mode == "lora":
         from trainer.methods.lora import LoraMethod
 

@@ -9,6 +9,7 @@ from peft import LoraConfig, inject_adapter_in_model
 
 from trainer.config import TrainConfig
 from trainer.methods.base import MethodBase
+from trainer.methods.fast_lora import lean_forward
 
 # The Linear (and 1x1 conv) layers of the UNet's transformer blocks, as sd-scripts targets them.
 UNET_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "proj_in", "proj_out", "ff.net.0.proj",
@@ -70,6 +71,8 @@ class LoraMethod(MethodBase):
             groups.append({"params": lora_parameters(encoder), "lr": lr, "name": name})
         self.trains_text_encoder = bool(encoders)
         self.saved_encoders = [name for name, _, _ in encoders]
+        for network in (model.unet, *(e for _, e, _ in encoders)):
+            lean_forward(network)  # peft's layers, bit for bit, with less Python per call
         if not groups:
             raise ValueError("network.train_unet and network.train_text_encoder are both off "
                              "(or this model has no text encoder to train): nothing would "

@@ -1,0 +1,200 @@
+"""More than one process (DDP through accelerate, gloo on the CPU): the sharding, the events
+read back from rank 0, and real 2-process runs of the tiny model through torchrun."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+
+from gui_helpers import wait_for
+from PIL import Image
+from safetensors import safe_open
+from safetensors.torch import load_file
+from train_helpers import small_config
+
+from kohya_gui.runner import Runner
+from trainer import launch
+from trainer.data import prepare_dataset
+from trainer.data.sampler import shard_rows
+from trainer.distributed import narrow, widen
+from trainer.events import Finished, ListSink, Log, Sample, Started, Step
+from trainer.launch import LaunchOptions, run_launched
+from trainer.loop import run
+from trainer.state import changed_keys
+
+
+def two_images(root: Path) -> Path:
+    folder = root / "data" / "1_shapes"
+    folder.mkdir(parents=True)
+    for i, color in enumerate([(220, 30, 30), (30, 60, 200)]):
+        Image.new("RGB", (64, 64), color).save(folder / f"{i}.png")
+        (folder / f"{i}.txt").write_text(f"a shape number {i}")
+    return root / "data"
+
+
+def ddp_config(tmp_path: Path, name: str, processes: int, batch: int, saving=None,
+               **training):
+    return small_config(tmp_path / name, two_images(tmp_path / name), saving=saving or {},
+                        training={"num_processes": processes, "train_batch_size": batch,
+                                  "max_train_steps": 2, **training})
+
+
+# -- the pieces -------------------------------------------------------------------------------
+def test_shards_joined_are_the_global_batch_and_a_short_one_leaves_a_placeholder():
+    for size, per in [(8, 4), (7, 4), (5, 2), (1, 3)]:
+        shares = [shard_rows(size, per, r) for r in range(-(-8 // per))]
+        assert [i for s in shares for i in s] == list(range(size))
+    assert list(shard_rows(3, 2, 1)) == [2] and list(shard_rows(3, 2, 2)) == []
+
+
+def test_each_process_gets_its_rows_of_the_one_process_epoch(tmp_path):
+    data_dir = two_images(tmp_path)
+    (data_dir / "1_shapes" / "2.png").write_bytes((data_dir / "1_shapes" / "0.png").read_bytes())
+    (data_dir / "1_shapes" / "2.txt").write_text("a third shape")
+    cfg = small_config(tmp_path, data_dir, dataset={"shuffle_caption": True, "flip_aug": True})
+    data = prepare_dataset(cfg, warn=lambda m: None)
+    whole = list(data.epoch(1, 2, seed=7))  # one process, batch 2: [2 images], [1 image]
+    ranks = [list(data.epoch(1, 1, seed=7, shard=(r, 2))) for r in range(2)]
+    assert [len(b.captions) for b in whole] == [2, 1]
+    for step, batch in enumerate(whole):
+        mine = [ranks[r][step] for r in range(2)]
+        joined = [c for b in mine for c, w in zip(b.captions, b.loss_weights) if w > 0]
+        assert joined == batch.captions  # same images, same shuffled captions, in order
+        assert [b.rows for b in mine] == [(0, 1, len(batch.captions)),
+                                          (1, 2, len(batch.captions)) if step == 0 else (0, 1, 1)]
+    placeholder = ranks[1][1]  # the short last batch leaves rank 1 nothing: weight 0
+    assert placeholder.loss_weights.tolist() == [0.0]
+    assert (ranks[0][0].pixels[0] - whole[0].pixels[0]).abs().max() == 0  # same flips
+
+
+def test_widen_and_narrow_give_each_process_its_rows_of_the_global_draws():
+    import torch
+
+    latents = torch.ones(1, 4, 8, 8)
+    torch.manual_seed(0)
+    wide = widen(latents, (1, 2, 3))
+    global_noise = torch.randn_like(wide)
+    assert wide.shape[0] == 3 and wide[1].eq(1).all() and wide[0].eq(0).all()
+    torch.manual_seed(0)
+    (mine,) = narrow((1, 2, 3), torch.randn(3, 4, 8, 8))
+    assert torch.equal(mine, global_noise[1:2]) and widen(latents, None) is latents
+
+
+def test_events_survive_the_json_lines(tmp_path):
+    sink = launch.JsonLinesSink(tmp_path / "e.jsonl")
+    sent = [Log("hello"), Step(1, 2, 1, 0.5, 0.5, 1e-4, 2.0, None),
+            Sample(1, ("a.png",), ("a cat",)), Finished("finished", 2, "out.safetensors")]
+    follower = launch._Follower(tmp_path / "e.jsonl")
+    for event in sent[:2]:
+        sink.emit(event)
+    got = follower.new_events()
+    for event in sent[2:]:
+        sink.emit(event)
+    assert got + follower.new_events() == sent
+
+
+def test_resuming_with_another_number_of_processes_is_refused(tmp_path):
+    one, two = (small_config(tmp_path, tmp_path, training={"num_processes": n}) for n in (1, 2))
+    assert changed_keys(one, two) == ["training.num_processes (1 -> 2)"]
+
+
+def test_a_launch_that_dies_fails_with_the_tail_of_its_output(tmp_path, monkeypatch):
+    crash = "import sys; print('rank 1: error: out of cheese', file=sys.stderr); sys.exit(7)"
+    monkeypatch.setattr(launch, "torchrun_command", lambda *a: [sys.executable, "-c", crash])
+    sink = ListSink()
+    result = run_launched(small_config(tmp_path, tmp_path, training={"num_processes": 2}), sink)
+    assert result.status == "failed" and "exit status 7" in result.error
+    assert "out of cheese" in result.error and sink.of(Finished) == [result]
+    bad = LaunchOptions(num_machines=2, machine_rank=1)
+    assert "--main-process-ip" in run_launched(small_config(tmp_path, tmp_path), None,
+                                               None, bad).error
+
+
+# -- real runs: torchrun, gloo; three launches in all (each costs ~15 s of CPU) ------------
+def test_two_machines_train_what_one_process_trains_with_the_global_batch(
+        tmp_path, tiny_model_dir, monkeypatch):
+    """--num-machines 2 with a localhost rendezvous, one process x batch 1 each = 1 process x
+    batch 2 in-process. The weights agree on both ranks after every step (TRAINER_DDP_CHECK
+    fails the run otherwise); machine 0 reports and saves, machine 1 only reports its end."""
+    monkeypatch.setenv("TRAINER_DDP_CHECK", "1")
+    cfg = ddp_config(tmp_path, "two", processes=1, batch=1)
+    port = launch.free_port()
+    results: dict[int, Finished] = {}
+    sinks = {0: ListSink(), 1: ListSink()}
+
+    def machine(rank: int) -> None:
+        options = LaunchOptions(2, rank, "127.0.0.1", port)
+        results[rank] = run_launched(cfg, sinks[rank], None, options)
+
+    threads = [threading.Thread(target=machine, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert results[0].status == "finished" and results[0].step == 2, results[0].error
+    assert results[1].status == "finished" and sinks[1].events == [results[1]]
+    assert [e.step for e in sinks[0].of(Step)] == [1, 2]
+    assert sinks[0].of(Started)[0].steps_per_epoch == 1  # 2 images / (1 x 2 machines)
+    assert any("batch 1 x 2 processes = 2 images per batch" in e.message
+               for e in sinks[0].of(Log))
+    outputs = sorted(p.name for p in (tmp_path / "two" / "out").iterdir())
+    assert outputs == ["default-lora.safetensors", "default-lora.toml"]
+    one = run(ddp_config(tmp_path, "one", processes=1, batch=2))
+    assert one.status == "finished"
+    a, b = load_file(one.output_path), load_file(results[0].output_path)
+    ups = [k for k in a if "lora_up" in k]
+    assert a.keys() == b.keys() and max(a[k].abs().max() for k in ups) > 1e-4  # it trained
+    for k in ups:  # lora_up started at zero: all of it is the two steps' updates
+        assert (a[k] - b[k]).norm() <= 1e-2 * a[k].norm(), k
+    with safe_open(results[0].output_path, "pt") as f:  # sd-scripts' batch metadata
+        meta = f.metadata()
+    assert (meta["ss_batch_size_per_device"], meta["ss_total_batch_size"]) == ("1", "2")
+
+
+def test_the_runner_runs_stops_and_resumes_a_two_process_job(tmp_path, tiny_model_dir):
+    """Through the GUI's runner: Step events and the end of the job come from rank 0; Stop
+    reaches every process, which stop at the same step; rank 0 saves; the state resumes."""
+    cfg = ddp_config(tmp_path, "job", processes=2, batch=1, max_train_steps=500,
+                     saving={"save_state": True})
+    runner = Runner(write_config=False)
+    try:
+        runner.submit(cfg)
+        wait_for(lambda: runner.snapshot()["step"] >= 1, timeout=240)
+        runner.stop()
+        assert runner.wait_idle(120)
+        stopped = runner.snapshot()
+        more = {"resume": "latest", "max_train_steps": stopped["step"] + 1}
+        runner.submit(cfg.model_copy(update={"training": cfg.training.model_copy(update=more)}))
+        assert runner.wait_idle(240)
+        resumed = runner.snapshot()
+    finally:
+        runner.close()
+    assert stopped["status"] == "stopped", stopped["error"]
+    step = stopped["step"]
+    assert 1 <= step < 500 and stopped["loss"][-1][0] == step
+    state = Path(stopped["history"][0]["state"])
+    assert state.name == f"default-lora-step{step:08d}-state" and state.is_dir()
+    assert resumed["status"] == "finished", resumed["error"]
+    assert [p[0] for p in resumed["loss"]] == [step + 1]
+    assert any("Resumed from" in line for line in resumed["log"])
+    names = sorted(p.name for p in (tmp_path / "job" / "out").iterdir())
+    assert names == [f"default-lora-step{s:08d}-state" for s in (step, step + 1)] + [
+        "default-lora.safetensors", "default-lora.toml"]
+
+
+def test_the_command_line_launches_with_its_flags(tmp_path, monkeypatch):
+    from trainer import cli, config_io
+
+    seen = {}
+
+    def fake(cfg, sink, control, options):
+        seen.update(processes=cfg.training.num_processes, options=options)
+        return Finished("finished", 1)
+
+    monkeypatch.setattr(launch, "run_launched", fake)
+    config_io.save(small_config(tmp_path, tmp_path), tmp_path / "c.toml")
+    assert cli.main(["train", str(tmp_path / "c.toml"), "--num-processes", "2",
+                     "--num-machines", "2", "--machine-rank", "1", "--main-process-ip",
+                     "10.0.0.1", "--main-process-port", "29500"]) == 0
+    assert seen == {"processes": 2, "options": LaunchOptions(2, 1, "10.0.0.1", 29500)}

@@ -1,0 +1,301 @@
+"""The kohya_ss GUI JSON keys and what becomes of each: the declarative part of the importer.
+
+``DIRECT``: kohya key -> (our dotted key, converter). ``DERIVED`` (in kohya_derived.py): keys
+that combine with others (steps and epochs, warm-up, LoRA_type, learning rates...).
+``NOT_NEEDED`` and ``NOT_SUPPORTED``: keys that do not map, each with its reason; ``FAMILY``:
+settings of model families this studio does not train. Every key of a file lands in exactly one
+of these, or in the report's "unknown" list.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from trainer.importers import kohya_convert as c
+
+TRAINED = ("lora", "dreambooth")
+
+
+@dataclass(frozen=True)
+class Noted:
+    """A converted value with a note for the report."""
+
+    value: Any
+    note: str
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A value this studio cannot take: reported as not supported, with the reason."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Rule:
+    target: str
+    convert: Callable[[Any], Any]
+    modes: tuple[str, ...] = ("lora", "dreambooth", "textual_inversion")
+
+
+def caption_extension(value: Any) -> Any:
+    """kohya users name a missing extension (``.none-use-foldername``, ``.txt-no``) to caption
+    by folder name; ours allows letters, digits and '_', so other characters become '_'
+    (still no such files, so the folder name is still the caption)."""
+    text = c.to_text(value)
+    if text is c.UNSET or re.fullmatch(r"\.[A-Za-z0-9_]+", text):
+        return text
+    fixed = "." + re.sub(r"[^A-Za-z0-9_]", "_", text.lstrip("."))
+    return Noted(fixed, f"{text!r} becomes {fixed!r} (the schema allows letters, digits, '_')")
+
+
+def bucket_step(value: Any) -> Any:
+    """Our bucket sides are multiples of 8 (the VAE's factor); a smaller step rounds up."""
+    step = c.to_int(value)
+    if step is c.UNSET or step % 8 == 0:
+        return step
+    fixed = max(8, -(-step // 8) * 8)
+    return Noted(fixed, f"{step} becomes {fixed}: bucket sides here are multiples of 8")
+
+
+def sampler(value: Any) -> Any:
+    """sd-scripts' sample samplers -> ours (the k_ names are the same samplers)."""
+    table = {"ddim": "ddim", "euler": "euler", "k_euler": "euler", "euler_a": "euler_a",
+             "k_euler_a": "euler_a", "dpmsolver++": "dpmsolver++", "dpmsolver": "dpmsolver++"}
+    if c.is_empty(value):
+        return c.UNSET
+    if value in table:
+        return table[value]
+    return Noted("euler_a", f"{value!r} is not available here; samples use euler_a")
+
+
+def prompts(value: Any) -> Any:
+    """sd-scripts prompt lines may carry options (``--n negative --s 20``); ours are plain."""
+    lines = c.prompt_lines(value)
+    if lines is c.UNSET:
+        return lines
+    plain = [ln.split(" --", 1)[0].strip() for ln in lines]
+    if plain != lines:
+        return Noted(plain, "per-prompt options (--n, --s, --l, --w, --h, --d) were dropped; "
+                            "set sampling.sample_steps / sample_guidance_scale instead")
+    return plain
+
+
+def log_with(value: Any) -> Any:
+    if c.is_empty(value) or value == "tensorboard":
+        return c.UNSET if c.is_empty(value) else "tensorboard"
+    return Noted("tensorboard", f"{value!r} is not supported here; logs go to TensorBoard")
+
+
+def save_state_at_end(value: Any) -> Any:
+    out = c.to_bool(value)
+    if out is True:
+        return Noted(True, "saving.save_state also saves a state with every intermediate save")
+    return c.UNSET
+
+
+def masked_loss(value: Any) -> Any:
+    if c.to_bool(value) is True:
+        return Refused("kohya_ss takes the masks from the dataset config; set "
+                       "training.masked_loss with dataset.alpha_mask or dataset.mask_data_dir")
+    return c.UNSET
+
+
+def compile_backend(value: Any) -> Any:
+    if c.is_empty(value) or str(value).lower() == "no":
+        return c.UNSET
+    return Noted(True, f"torch.compile with its default backend (kohya asked for {value!r})")
+
+
+pos_float, pos_int = c.nonzero(c.to_float), c.nonzero(c.to_int)
+
+DIRECT: dict[str, Rule] = {
+    "pretrained_model_name_or_path": Rule("model.pretrained_model_name_or_path", c.to_text),
+    "vae": Rule("model.vae", c.to_text),
+    "clip_skip": Rule("model.clip_skip", pos_int),
+    "train_data_dir": Rule("dataset.train_data_dir", c.to_text),
+    "image_folder": Rule("dataset.train_data_dir", c.to_text),  # the finetune tab's name
+    "reg_data_dir": Rule("dataset.reg_data_dir", c.to_text, TRAINED),
+    "dataset_config": Rule("dataset.dataset_config", c.to_text),
+    "caption_extension": Rule("dataset.caption_extension", caption_extension),
+    "enable_bucket": Rule("dataset.enable_bucket", c.to_bool),
+    "min_bucket_reso": Rule("dataset.min_bucket_reso", c.to_int),
+    "max_bucket_reso": Rule("dataset.max_bucket_reso", c.to_int),
+    "bucket_reso_steps": Rule("dataset.bucket_reso_steps", bucket_step),
+    "bucket_no_upscale": Rule("dataset.bucket_no_upscale", c.to_bool),
+    "random_crop": Rule("dataset.random_crop", c.to_bool),
+    "flip_aug": Rule("dataset.flip_aug", c.to_bool),
+    "shuffle_caption": Rule("dataset.shuffle_caption", c.to_bool),
+    "keep_tokens": Rule("dataset.keep_tokens", c.to_int),
+    "caption_dropout_rate": Rule("dataset.caption_dropout_rate", c.to_float),
+    "caption_tag_dropout_rate": Rule("dataset.caption_tag_dropout_rate", c.to_float),
+    "cache_latents": Rule("dataset.cache_latents", c.to_bool),
+    "cache_latents_to_disk": Rule("dataset.cache_latents_to_disk", c.to_bool),
+    "sdxl_cache_text_encoder_outputs": Rule("dataset.cache_text_encoder_outputs", c.to_bool),
+    "token_string": Rule("network.token_string", c.to_text, ("textual_inversion",)),
+    "init_word": Rule("network.init_word", c.to_text, ("textual_inversion",)),
+    "num_vectors_per_token": Rule("network.num_vectors_per_token", c.to_int,
+                                  ("textual_inversion",)),
+    "template": Rule("network.caption_templates", c.choice(
+        {"caption": c.UNSET, "object template": "object", "style template": "style"}),
+        ("textual_inversion",)),
+    "learning_rate": Rule("optimizer.learning_rate", c.to_float),
+    "lr_scheduler": Rule("optimizer.lr_scheduler", c.to_text),
+    "lr_scheduler_args": Rule("optimizer.lr_scheduler_args", c.key_values_or_unset),
+    "lr_scheduler_power": Rule("optimizer.lr_scheduler_power", c.to_float),
+    "max_grad_norm": Rule("optimizer.max_grad_norm", c.to_float),
+    "train_batch_size": Rule("training.train_batch_size", c.to_int),
+    "gradient_accumulation_steps": Rule("training.gradient_accumulation_steps", c.to_int),
+    "mixed_precision": Rule("training.mixed_precision", c.to_text),
+    "full_bf16": Rule("training.full_bf16", c.to_bool),
+    "gradient_checkpointing": Rule("training.gradient_checkpointing", c.to_bool),
+    "seed": Rule("training.seed", pos_int),
+    "min_snr_gamma": Rule("training.min_snr_gamma", pos_float),
+    "prior_loss_weight": Rule("training.prior_loss_weight", c.to_float, TRAINED),
+    "resume": Rule("training.resume", c.to_text),
+    "logging_dir": Rule("training.logging_dir", c.to_text),
+    "log_with": Rule("training.log_with", log_with),
+    "zero_terminal_snr": Rule("training.zero_terminal_snr", c.to_bool),  # a flag only
+    "min_timestep": Rule("training.min_timestep", pos_int),
+    "max_timestep": Rule("training.max_timestep", pos_int),
+    "debiased_estimation_loss": Rule("training.debiased_estimation_loss", c.to_bool),
+    "scale_v_pred_loss_like_noise_pred": Rule("training.scale_v_pred_loss_like_noise_pred",
+                                              c.to_bool),
+    "loss_type": Rule("training.loss_type", c.to_text),
+    "huber_schedule": Rule("training.huber_schedule", c.to_text),
+    "huber_c": Rule("training.huber_c", c.to_float),
+    "huber_scale": Rule("training.huber_scale", c.to_float),
+    "masked_loss": Rule("training.masked_loss", masked_loss),
+    "num_processes": Rule("training.num_processes", c.to_int),
+    "dynamo_backend": Rule("training.compile", compile_backend),
+    "sample_prompts": Rule("sampling.sample_prompts", prompts),
+    "sample_every_n_steps": Rule("sampling.sample_every_n_steps", pos_int),
+    "sample_every_n_epochs": Rule("sampling.sample_every_n_epochs", pos_int),
+    "sample_sampler": Rule("sampling.sample_sampler", sampler),
+    "output_dir": Rule("saving.output_dir", c.to_text),
+    "output_name": Rule("saving.output_name", c.to_text),
+    "save_precision": Rule("saving.save_precision", c.choice(
+        {"fp16": "fp16", "bf16": "bf16", "float": "fp32", "fp32": "fp32"})),
+    "save_every_n_epochs": Rule("saving.save_every_n_epochs", pos_int),
+    "save_every_n_steps": Rule("saving.save_every_n_steps", pos_int),
+    "save_state": Rule("saving.save_state", lambda v: True if c.to_bool(v) is True else c.UNSET),
+    "save_state_on_train_end": Rule("saving.save_state", save_state_at_end),
+    "metadata_title": Rule("saving.metadata_title", c.to_text),
+    "metadata_author": Rule("saving.metadata_author", c.to_text),
+    "metadata_description": Rule("saving.metadata_description", c.to_text),
+    "metadata_license": Rule("saving.metadata_license", c.to_text),
+}
+
+_ATTN = "attention here is always PyTorch's scaled-dot-product attention"
+_LAUNCH = "accelerate launch settings of kohya_ss; one process trains here (training.num_processes)"
+_HUB = "uploading to the Hugging Face Hub is not part of training here"
+NOT_NEEDED: dict[str, str] = {
+    **dict.fromkeys(("xformers", "mem_eff_attn", "sdpa"), _ATTN),
+    **dict.fromkeys(("gpu_ids", "num_cpu_threads_per_process", "num_machines", "multi_gpu",
+                     "main_process_port", "extra_accelerate_launch_args"), _LAUNCH),
+    **dict.fromkeys(("huggingface_repo_id", "huggingface_token", "huggingface_repo_type",
+                     "huggingface_repo_visibility", "huggingface_path_in_repo",
+                     "save_state_to_huggingface", "resume_from_huggingface", "async_upload"),
+                    _HUB),
+    **dict.fromkeys(("dynamo_mode", "dynamo_use_fullgraph", "dynamo_use_dynamic"),
+                    "torch.compile runs with its defaults here (training.compile)"),
+    **dict.fromkeys(("wandb_api_key", "wandb_run_name", "log_tracker_name",
+                     "log_tracker_config", "log_config", "log_prefix"),
+                    "logs go to TensorBoard only, under training.logging_dir"),
+    **dict.fromkeys(("max_data_loader_n_workers", "persistent_data_loader_workers",
+                     "vae_batch_size", "skip_cache_check"),
+                    "data loading and latent caching are tuned by the trainer"),
+    **dict.fromkeys(("highvram", "lowvram", "disable_mmap_load_safetensors",
+                     "sdxl_no_half_vae"),
+                    "memory handling that the trainer does itself (the VAE runs in fp32)"),
+    **dict.fromkeys(("save_as_bool", "file_path", "model_list", "full_path"),
+                    "a kohya_ss GUI control, not a training setting"),
+    "save_model_as": "LoRA files are always .safetensors; DreamBooth writes a diffusers folder "
+                     "and a single .safetensors file",
+    **dict.fromkeys(("unit", "constrain", "rescaled"),
+                    "an option of LoRA_type DyLoRA / Diag-OFT, which this studio does not train "
+                    "(such a file is refused)"),
+    "use_8bit_adam": "an old spelling of optimizer = AdamW8bit, which the optimizer key gives",
+    "noise_offset_type": "read together with noise_offset / multires_noise_* (it picks which)",
+    "train_dir": "the finetune tab's working folder; outputs go to saving.output_dir",
+    **dict.fromkeys(("create_caption", "create_buckets", "generate_caption_database", "batch_size",
+                     "generate_image_buckets", "use_latent_files", "caption_metadata_filename",
+                     "latent_metadata_filename"),
+                    "finetune metadata preparation; captions and buckets are read from the "
+                    "folder here"),
+}
+
+_BLOCKS = "block-wise learning rates and ranks are not supported"
+NOT_SUPPORTED: dict[str, str] = {
+    **dict.fromkeys(("block_lr", "down_lr_weight", "mid_lr_weight", "up_lr_weight",
+                     "block_lr_zero_threshold", "block_dims", "block_alphas", "conv_block_dims",
+                     "conv_block_alphas", "conv_dims", "conv_alphas"), _BLOCKS),
+    **dict.fromkeys(("loraplus_lr_ratio", "loraplus_unet_lr_ratio",
+                     "loraplus_text_encoder_lr_ratio"), "LoRA+ learning-rate ratios"),
+    **dict.fromkeys(("network_weights", "lora_network_weights", "dim_from_weights", "weights"),
+                    "continuing from existing network weights (use training.resume with a "
+                    "saved state)"),
+    **dict.fromkeys(("save_last_n_steps", "save_last_n_steps_state", "save_last_n_epochs",
+                     "save_last_n_epochs_state"), "deleting older intermediate saves"),
+    "lr_scheduler_type": "custom torch schedulers (with their lr_scheduler_args); pick "
+                         "optimizer.lr_scheduler",
+    **dict.fromkeys(("fused_backward_pass", "fused_optimizer_groups",
+                     "blockwise_fused_optimizers"), "fused optimizer steps"),
+    **dict.fromkeys(("ip_noise_gamma", "ip_noise_gamma_random_strength"),
+                    "input-perturbation noise"),
+    "color_aug": "colour augmentation (it also rules out latent caching)",
+    "v_pred_like_loss": "the v-prediction-like loss term",
+    "scale_weight_norms": "max-norm regularization of the network weights",
+    "weighted_captions": "(word:1.2) caption weighting",
+    "caption_dropout_every_n_epochs": "dropping all captions every N epochs "
+                                      "(dataset.caption_dropout_rate is supported)",
+    "max_token_length": "captions longer than 75 tokens (they are cut at 75 here)",
+    "no_token_padding": "unpadded text-encoder input",
+    "train_inpainting": "inpainting models",
+    "full_fp16": "fp16 weights (training.full_bf16 is supported)",
+    "fp8_base": "fp8 base weights",
+    "metadata_tags": "no tags field in the saved metadata",
+    "training_comment": "no comment field in the saved metadata (saving.metadata_description "
+                        "is one)",
+    "dataset_repeats": "repeats come from the N_ prefix of the concept folders",
+    "LyCORIS_preset": "the LyCORIS target presets; the network type's own targets are used",
+    "bypass_mode": "LyCORIS bypass mode",
+    "rank_dropout_scale": "LyCORIS rank-dropout scaling",
+    "network_args": "raw network arguments; the LyCORIS options are keys of their own here",
+}
+
+# Values of NOT_SUPPORTED keys that mean "off" in kohya_ss beyond empty / 0 / false.
+OFF_VALUES: dict[str, tuple[Any, ...]] = {
+    "max_token_length": (75, "75", 75.0),
+    "LyCORIS_preset": ("full",),
+}
+
+_FAMILY_KEYS = (
+    "ae", "clip_l", "clip_g", "t5xxl", "t5xxl_device", "t5xxl_dtype", "t5xxl_lr",
+    "t5xxl_max_token_length", "train_t5xxl", "apply_t5_attn_mask", "guidance_scale",
+    "discrete_flow_shift", "model_prediction_type", "timestep_sampling", "weighting_scheme",
+    "logit_mean", "logit_std", "mode_scale", "split_mode", "mem_eff_save", "save_clip",
+    "save_t5xxl", "cpu_offload_checkpointing", "blocks_to_swap", "single_blocks_to_swap",
+    "double_blocks_to_swap", "flux_fused_backward_pass", "fp8_base_unet", "clip_g_dropout_rate",
+    "pos_emb_random_crop_rate", "show_timesteps", "show_timesteps_resolution", "model_type",
+    "train_double_block_indices", "train_single_block_indices", "img_attn_dim", "img_mlp_dim",
+    "img_mod_dim", "txt_attn_dim", "txt_mlp_dim", "txt_mod_dim", "single_dim",
+    "single_mod_dim", "in_dims", "train_blocks", "split_qkv", "enable_all_linear",
+    "ggpo_beta", "ggpo_sigma", "train_lora_ggpo",
+)
+_FAMILY_PREFIXES = ("flux1_", "flux_", "sd3_", "anima_", "lumina_", "hunyuan_")
+FAMILY_REASON = "a setting of FLUX.1 / SD3 / other families, which this studio does not train"
+
+# Keys that say the file is for a family this studio does not train (refused when true).
+FAMILY_SWITCHES = {"flux1_checkbox": "FLUX.1", "sd3_checkbox": "Stable Diffusion 3",
+                   "hunyuan_image_checkbox": "HunyuanImage", "anima_checkbox": "Anima",
+                   "lumina_checkbox": "Lumina Image 2.0"}
+FAMILY_LORA_TYPES = {"Flux1": "FLUX.1", "Flux1 OFT": "FLUX.1", "HunyuanImage-2.1":
+                     "HunyuanImage", "Anima": "Anima", "Lumina": "Lumina Image 2.0"}
+
+
+def is_family_key(key: str) -> bool:
+    return key in _FAMILY_KEYS or key.startswith(_FAMILY_PREFIXES)

@@ -1,0 +1,148 @@
+"""LyCORIS adapters (LoCon, LoHa, LoKr, IA3, DoRA) through the lycoris-lora package.
+
+The network is the one sd-scripts builds with ``--network_module=lycoris.kohya``:
+``LycorisNetworkKohya`` finds the modules by their block's class (``Transformer2DModel``,
+``ResnetBlock2D``, ``Downsample2D``, ``Upsample2D`` in the UNet; ``CLIPAttention`` and
+``CLIPMLP`` in the text encoders) and by name (``conv_in``, ``conv_out``, the time embedding),
+and ``apply_to`` routes each module's forward through its adapter. The package's preset
+"full" also lists other architectures' block classes, one of which (``TimestepEmbedding``)
+is also a diffusers SD UNet class, which then meets the time embedding's name target twice
+(lycoris 4.1 stops on "duplicated lora name"); :data:`SD_PRESET` is "full" with only the
+SD classes. IA3 follows its paper (Liu et al. 2022, "Few-Shot Parameter-Efficient
+Fine-Tuning is Better and Cheaper than In-Context Learning", section 3.3): keys, values and
+the feed-forward's inner activation (the input of its second layer); lycoris' own "ia3"
+preset names the same layers, but as patterns anchored at the start of the module path,
+which match none of a diffusers UNet's, so :data:`IA3_PRESET` anchors them at the end.
+
+The adapters are registered as a submodule (``lycoris``) of the UNet and of each trained text
+encoder, so the loop's placement, precision casting, gradient clipping, DDP wrapping, text
+encoder freezing and the training state (trainer/state.py reads the models' parameters) treat
+them as any trained parameter. The file is written by :mod:`trainer.export.lycoris`.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+from trainer.config import TrainConfig
+from trainer.methods.base import MethodBase
+
+SD_TEXT_ENCODER_MODULES = ["CLIPAttention", "CLIPSdpaAttention", "CLIPMLP"]
+SD_PRESET: dict[str, Any] = {
+    "enable_conv": True,
+    "unet_target_module": ["Transformer2DModel", "ResnetBlock2D", "Downsample2D", "Upsample2D"],
+    "unet_target_name": ["conv_in", "conv_out", "time_embedding.linear_1",
+                         "time_embedding.linear_2"],
+    "text_encoder_target_module": SD_TEXT_ENCODER_MODULES,
+    "text_encoder_target_name": [],
+    "module_algo_map": {}, "name_algo_map": {}, "use_fnmatch": False, "exclude_name": [],
+}
+_FF_OUT, _FC2 = r".*\.ff\.net\.2$", r".*\.mlp\.fc2$"
+IA3_PRESET: dict[str, Any] = {
+    **SD_PRESET,
+    "enable_conv": False,
+    "unet_target_module": [],
+    "unet_target_name": [r".*\.to_k$", r".*\.to_v$", _FF_OUT],
+    "text_encoder_target_module": [],
+    "text_encoder_target_name": [r".*\.k_proj$", r".*\.v_proj$", _FC2],
+    "name_algo_map": {_FF_OUT: {"train_on_input": True}, _FC2: {"train_on_input": True}},
+}
+# apply_preset sets class attributes: one network is built at a time
+_BUILD_LOCK = threading.Lock()
+
+
+def network_kwargs(cfg: TrainConfig) -> dict[str, Any]:
+    """``LycorisNetworkKohya``'s arguments for this config, with lycoris.kohya's defaults
+    (conv_dim = network_dim and conv_alpha = network_alpha when unset)."""
+    from trainer.export.lycoris import ALGOS, conv_rank  # network_type -> algo, its args
+
+    net = cfg.network
+    algo, args = ALGOS[net.network_type]
+    conv_dim, conv_alpha = conv_rank(net)
+    return {
+        "multiplier": 1.0, "network_module": algo,
+        "weight_decompose": args.get("dora_wd") == "True",  # as lycoris.kohya reads dora_wd
+        "lora_dim": net.network_dim, "alpha": net.network_alpha,
+        "conv_lora_dim": conv_dim, "conv_alpha": conv_alpha,
+        "dropout": net.network_dropout or 0.0, "rank_dropout": net.rank_dropout or 0.0,
+        "module_dropout": net.module_dropout or 0.0, "use_tucker": net.use_tucker,
+        "use_scalar": net.use_scalar, "train_norm": net.train_norm,
+        "factor": -1 if net.factor is None else net.factor,
+        "decompose_both": net.decompose_both,
+    }
+
+
+def build_network(cfg: TrainConfig, unet: torch.nn.Module,
+                  text_encoders: list[torch.nn.Module]) -> Any:
+    """The lycoris network over ``unet`` and ``text_encoders`` (not applied yet)."""
+    from lycoris.kohya import LycorisNetworkKohya
+
+    encoders: Any = text_encoders if len(text_encoders) > 1 else (
+        text_encoders[0] if text_encoders else None)
+    preset = IA3_PRESET if cfg.network.network_type == "ia3" else SD_PRESET
+    kwargs = network_kwargs(cfg)
+    if next(unet.parameters()).is_meta:
+        # trainer/footprint.py's weightless model: DoRA's scale is the norm of each weight's
+        # rows, which has no value there; the estimate counts DoRA as the LoRA under it
+        kwargs["weight_decompose"] = False
+    with _BUILD_LOCK:
+        LycorisNetworkKohya.apply_preset(preset)
+        return LycorisNetworkKohya(encoders, unet, warn_on_unmatched=False, **kwargs)
+
+
+def _owned_by(root: torch.nn.Module, loras: list[Any]) -> list[Any]:
+    ids = {id(m) for m in root.modules()}
+    return [lora for lora in loras if id(lora.org_module[0]) in ids]
+
+
+def attach(root: torch.nn.Module, loras: list[Any]) -> list[torch.nn.Parameter]:
+    """Register ``loras`` under ``root.lycoris`` on root's device; returns their parameters."""
+    device = next(root.parameters()).device
+    holder = torch.nn.ModuleDict({lora.lora_name: lora for lora in loras}).to(device)
+    root.add_module("lycoris", holder)
+    return list(holder.parameters())
+
+
+class LycorisMethod(MethodBase):
+    def __init__(self, cfg: TrainConfig):
+        super().__init__(cfg)
+        self.loras: list[Any] = []
+        self.saved_encoders: list[str] = []
+
+    def prepare(self, model: Any) -> list[dict[str, Any]]:
+        """Freeze the base model, apply the lycoris network, return the parameter groups."""
+        from trainer.methods.lora import family_text_encoders
+
+        opt, net = self.cfg.optimizer, self.cfg.network
+        encoders = self.trained_text_encoders(model)
+        for module in (model.unet, model.vae, *(e for _, e, _ in family_text_encoders(model))):
+            module.requires_grad_(False)
+        network = build_network(self.cfg, model.unet, [e for _, e, _ in encoders])
+        network.apply_to([e for _, e, _ in encoders], model.unet,
+                         apply_text_encoder=bool(encoders), apply_unet=net.train_unet)
+        groups: list[dict[str, Any]] = []
+        if net.train_unet:
+            groups.append({"params": attach(model.unet, _owned_by(model.unet, network.loras)),
+                           "lr": opt.unet_lr or opt.learning_rate, "name": "unet"})
+        for name, encoder, lr in encoders:
+            groups.append({"params": attach(encoder, _owned_by(encoder, network.loras)),
+                           "lr": lr, "name": name})
+        self.loras = list(network.loras)
+        self.trains_text_encoder = bool(encoders)
+        self.saved_encoders = [name for name, _, _ in encoders]
+        groups = [g for g in groups if g["params"]]
+        if not groups:
+            raise ValueError("network.train_unet and network.train_text_encoder are both off "
+                             "(or this model has no text encoder to train): nothing would "
+                             "train; turn one on")
+        return groups
+
+    def save(self, path, model: Any, facts: Any, final: bool = True):
+        from trainer.export.lycoris import save_lycoris
+
+        encoders = [(name, getattr(model, name)) for name in self.saved_encoders]
+        return save_lycoris(path, self.loras, model.unet, encoders, self.cfg, facts,
+                            self.save_dtype)
