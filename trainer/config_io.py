@@ -104,16 +104,20 @@ def load_toml_text(text: str, source: str | None = None) -> dict[str, Any]:
         raise ConfigError([f"not valid TOML: {exc}"], source) from None
 
 
-def load(path: str | Path, overrides: Iterable[str] = ()) -> TrainConfig:
-    """Read a TOML config (full or partial), apply ``a.b=value`` overrides and validate."""
-    path = Path(path)
+def read_config_text(path: Path, encoding: str = "utf-8") -> str:
+    """A config file's text; a missing or unreadable file is a ConfigError naming it."""
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding=encoding)
     except FileNotFoundError:
         raise ConfigError(["file not found; check the path"], str(path)) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError([f"cannot read the file ({exc})"], str(path)) from None
-    data = load_toml_text(text, str(path))
+
+
+def load(path: str | Path, overrides: Iterable[str] = ()) -> TrainConfig:
+    """Read a TOML config (full or partial), apply ``a.b=value`` overrides and validate."""
+    path = Path(path)
+    data = load_toml_text(read_config_text(path), str(path))
     data = apply_overrides(data, overrides)
     return from_dict(data, str(path))
 

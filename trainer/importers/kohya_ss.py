@@ -52,12 +52,7 @@ _MARKERS = (  # (mode, keys only that kohya_ss tab saves, note)
 def read_json(path: str | Path) -> dict[str, Any]:
     """The JSON object of a kohya_ss config file; errors name the file (and line)."""
     path = Path(path).expanduser()
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise ConfigError(["file not found; check the path"], str(path)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError([f"cannot read the file ({exc})"], str(path)) from None
+    text = config_io.read_config_text(path, encoding="utf-8-sig")  # kohya_ss on Windows: BOM
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -16,6 +16,15 @@ class MethodBase:
         self.cfg = cfg
         self.trains_text_encoder = False
 
+    @staticmethod
+    def nonempty(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The parameter groups of an adapter method; none is an error that says what to do."""
+        if not groups:
+            raise ValueError("network.train_unet and network.train_text_encoder are both off "
+                             "(or this model has no text encoder to train): nothing would "
+                             "train; turn one on")
+        return groups
+
     def trained_text_encoders(self, model: Any) -> list[tuple[str, Any, float]]:
         """(name, encoder, learning rate) of each text encoder this run trains: the first
         with ``network.train_text_encoder``; SDXL's second with ``train_text_encoder_2``

@@ -73,11 +73,7 @@ class LoraMethod(MethodBase):
         self.saved_encoders = [name for name, _, _ in encoders]
         for network in (model.unet, *(e for _, e, _ in encoders)):
             lean_forward(network)  # peft's layers, bit for bit, with less Python per call
-        if not groups:
-            raise ValueError("network.train_unet and network.train_text_encoder are both off "
-                             "(or this model has no text encoder to train): nothing would "
-                             "train; turn one on")
-        return groups
+        return self.nonempty(groups)
 
     def save(self, path, model: Any, facts: Any, final: bool = True):
         from trainer.export.lora import save_lora

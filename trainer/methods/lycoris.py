@@ -134,11 +134,7 @@ class LycorisMethod(MethodBase):
         self.trains_text_encoder = bool(encoders)
         self.saved_encoders = [name for name, _, _ in encoders]
         groups = [g for g in groups if g["params"]]
-        if not groups:
-            raise ValueError("network.train_unet and network.train_text_encoder are both off "
-                             "(or this model has no text encoder to train): nothing would "
-                             "train; turn one on")
-        return groups
+        return self.nonempty(groups)
 
     def save(self, path, model: Any, facts: Any, final: bool = True):
         from trainer.export.lycoris import save_lycoris
