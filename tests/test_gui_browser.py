@@ -108,6 +108,9 @@ def test_train_watch_reload_and_finish(page, one_torch_thread, tmp_path):  # noq
 def test_stop_from_the_page_and_cancel_a_queued_job(page, one_torch_thread,  # noqa: F811
                                                     tmp_path):
     choose_default_preset(page, tmp_path / "long")
+    # long enough to be running when the page cancels and stops: the preset's 2 epochs (60
+    # steps) would win over max_train_steps alone, and end before the clicks on a fast machine
+    text_input(page, "lora-training-max_train_epochs").fill("10000")
     text_input(page, "lora-training-max_train_steps").fill("100000")
     # every answer below waits behind a run that takes the CPU (and, in a long test process,
     # Python's full garbage collections): in CI the page answered in over 30 s
