@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run the whole test suite (CPU, tiny models, a real headless Chromium for the browser tests).
+# Run the whole test suite (CPU, tiny models, a real headless Chromium for the browser tests),
+# one pytest worker per core.
 # Runs ./setup.sh --dev first when the test tools are missing, and installs Debian's chromium
 # when it is missing and apt-get can be used. Extra arguments go to pytest.
 set -euo pipefail
@@ -18,4 +19,8 @@ if [ ! -x /usr/bin/chromium ]; then
   fi
 fi
 export HF_HUB_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False
-exec "$VENV/bin/python" -m pytest "$@"
+# One pytest worker per core (pytest-xdist), each test file on one worker so that a file's
+# fixtures (a GUI server, a trained LoRA) are built once. Each test computes on one thread
+# (tests/conftest.py), so the workers share the cores instead of fighting over them.
+# KOHYA_TEST_WORKERS=0 runs everything in this process.
+exec "$VENV/bin/python" -m pytest -n "${KOHYA_TEST_WORKERS:-auto}" --dist loadfile "$@"
