@@ -33,9 +33,9 @@ def output_and_grads(unet, x, t, h):
     return out.detach(), [p.grad.clone() for p in unet.parameters() if p.grad is not None]
 
 
-def adapted(unet, dropout=0.0):
+def adapted(unet, dropout=0.0, alpha=2):
     unet.requires_grad_(False)
-    unet.add_adapter(LoraConfig(r=4, lora_alpha=2, lora_dropout=dropout,
+    unet.add_adapter(LoraConfig(r=4, lora_alpha=alpha, lora_dropout=dropout,
                                 init_lora_weights="gaussian",
                                 target_modules=UNET_TARGETS + UNET_CONV_TARGETS))
     for name, p in unet.named_parameters():
@@ -44,8 +44,22 @@ def adapted(unet, dropout=0.0):
     return unet
 
 
-def test_same_outputs_and_gradients_bit_for_bit(model):
-    unet = adapted(model.unet)
+def autograd_nodes(out, name):
+    """How many nodes of ``out``'s backward graph are called ``name``."""
+    seen, todo, count = set(), [out.grad_fn], 0
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        count += type(node).__name__ == name
+        todo.extend(fn for fn, _ in node.next_functions)
+    return count
+
+
+@pytest.mark.parametrize("alpha", [2, 4])  # scale 0.5, and 1 (alpha == rank)
+def test_same_outputs_and_gradients_bit_for_bit(model, alpha):
+    unet = adapted(model.unet, alpha=alpha)
     args = inputs(model)
     out, grads = output_and_grads(unet, *args)
     layers = sum(1 for m in unet.modules() if hasattr(m, "lora_A"))
@@ -53,6 +67,14 @@ def test_same_outputs_and_gradients_bit_for_bit(model):
     lean_out, lean_grads = output_and_grads(unet, *args)
     assert torch.equal(out, lean_out)
     assert len(grads) == len(lean_grads) and all(map(torch.equal, grads, lean_grads))
+
+
+def test_a_scale_of_one_costs_no_product(model):
+    unet = adapted(model.unet, alpha=4)
+    x, t, h = inputs(model)
+    muls = autograd_nodes(unet(x, t, h).sample, "MulBackward0")
+    layers = lean_forward(unet)
+    assert autograd_nodes(unet(x, t, h).sample, "MulBackward0") == muls - layers
 
 
 def test_disabled_adapters_go_through_peft(model):
