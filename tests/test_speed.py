@@ -98,6 +98,38 @@ def test_compile_without_a_compiler_is_refused_by_name(tmp_path, monkeypatch):
     assert result.error.startswith("training.compile is on, but") and "g++" in result.error
 
 
+def inductor_error_of_an_empty_kernel(folder):
+    """What inductor raises on a kernel that a killed compile left empty: its own loader's
+    error on a 0-byte .so, wrapped as inductor wraps it."""
+    from torch._inductor.codecache import CppCodeCache
+    from torch._inductor.exc import InductorError
+
+    kernel = folder / "c3az.main.so"
+    kernel.write_bytes(b"")
+    try:
+        CppCodeCache._load_library_inner(str(kernel), "c3az")
+    except Exception as exc:  # noqa: BLE001 - whatever the loader raises is the cause
+        return InductorError(exc, None)
+    raise AssertionError("an empty library loaded")
+
+
+def test_a_broken_compile_cache_names_the_folder_to_delete(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    error = inductor_error_of_an_empty_kernel(tmp_path)
+    assert speed.broken_compile_cache(RuntimeError("file too short")) is None  # not inductor's
+    assert speed.broken_compile_cache(torch._inductor.exc.InductorError(
+        ValueError("shapes differ"), None)) is None  # inductor's, but not the cache
+
+    def fails(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr("trainer.step.batch_loss", fails)
+    result = run(small_config(tmp_path, one_image_dataset(tmp_path / "data")), Sink())
+    assert result.status == "failed"
+    assert f"rm -rf {tmp_path / 'inductor'}" in result.error
+    assert "training.compile = false" in result.error
+
+
 def test_adamw_uses_the_fused_kernel_unless_the_arguments_choose():
     params = [torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2, 2))]
     assert speed.fused_adamw_kwargs(params, {}) == {"fused": True}

@@ -61,11 +61,13 @@ class _StoppedBeforeTraining(Exception):
 
 
 def _explained(exc: Exception, job: _Job) -> Exception:
-    """Out of device memory becomes advice for this config (the memory is freed after)."""
+    """Out of device memory becomes advice for this config (the memory is freed after); a
+    torch.compile cache that a killed compile left broken says which folder to delete."""
     from trainer.failures import is_out_of_memory, out_of_memory
+    from trainer.speed import broken_compile_cache
 
     if not is_out_of_memory(exc):
-        return exc
+        return broken_compile_cache(exc) or exc
     info = job.session.device_info if job.session is not None else None
     return out_of_memory(job.cfg, info, job.step + 1)
 

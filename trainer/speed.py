@@ -33,6 +33,33 @@ def compile_problem(backend: str) -> Optional[str]:
     return None
 
 
+# What the loader says of a compiled kernel that an interrupted compile left empty or cut short.
+_BROKEN_KERNEL = ("file too short", "invalid ELF header", "no such file or directory")
+
+
+def broken_compile_cache(exc: BaseException) -> Optional[CompileUnavailable]:
+    """A clear error when torch.compile failed on a kernel file in its cache that a killed
+    compile left broken (inductor then reads the empty ``.so`` on every later run); else None."""
+    chain, seen = [], set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    if not any(type(e).__module__.startswith("torch._inductor") for e in chain):
+        return None
+    text = " ".join(str(e) for e in chain)
+    if not any(sign in text for sign in _BROKEN_KERNEL):
+        return None
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    folder = cache_dir()
+    return CompileUnavailable(
+        f"training.compile: a compiled kernel in torch.compile's cache ({folder}) is broken, "
+        f"most likely left by a compile that was stopped or killed. Delete that folder "
+        f"(rm -rf {folder}) and start again, or set training.compile = false. "
+        f"({text.strip()[:300]})")
+
+
 # torch.compile's backend: inductor unless KOHYA_STUDIO_COMPILE_BACKEND names another, such as
 # "eager" or "aot_eager", which check the graph capture without generating code (tests, bugs).
 ENV_BACKEND = "KOHYA_STUDIO_COMPILE_BACKEND"
