@@ -33,8 +33,9 @@ def compile_problem(backend: str) -> Optional[str]:
     return None
 
 
-# What the loader says of a compiled kernel that an interrupted compile left empty or cut short.
-_BROKEN_KERNEL = ("file too short", "invalid ELF header", "no such file or directory")
+# What the loader says of a compiled kernel that an interrupted compile left empty or cut short
+# (not "no such file": inductor says that of a missing compiler or header too).
+_BROKEN_KERNEL = ("file too short", "invalid ELF header")
 
 
 def broken_compile_cache(exc: BaseException) -> Optional[CompileUnavailable]:
