@@ -4,9 +4,10 @@
 
 Each case trains a few steps in a fresh process and measures its peak: on the CPU the process's
 peak RSS (VmHWM: loading, caching and training, everything the process held), on a GPU
-PyTorch's peak allocation (``trainer.device.memory_in_use``; the estimate's runtime line, the
-driver's context, is left out of that comparison). The estimate is ``trainer.advisor.advise``
-for the same config on the same device, computed in this process. Cases: the tiny model
+PyTorch's peak allocation (``trainer.system.device.memory_in_use``; the estimate's runtime line,
+the driver's context, is left out of that comparison). The estimate is
+``trainer.advisor.estimate.advise`` for the same config on the same device, computed in this
+process. Cases: the tiny model
 (LoRA, DreamBooth, textual inversion, SDXL LoRA) and, unless ``--quick``, a random model of
 SD 1.5's size (1.07 G parameters, built once as an fp16 single file by bench/single_file.py,
 about 2 GB; ``--model`` keeps it): LoRA at 256 px with and without gradient checkpointing and
@@ -57,10 +58,10 @@ SD15 = [
 def _train(preset: str, overrides: list[str]) -> dict:
     """Runs in a child: the run, its step times and its peak memory."""
     sys.path.insert(0, str(ROOT))
-    from trainer import config_io
-    from trainer.device import detect, memory_in_use
+    from trainer.config import files as config_io
     from trainer.events import Step
-    from trainer.loop import run
+    from trainer.run.loop import run
+    from trainer.system.device import detect, memory_in_use
 
     times: list[float] = []
 
@@ -100,7 +101,8 @@ def _child(preset: str, overrides: list[str]) -> dict:
 
 
 def measure(label: str, preset: str, overrides: list[str]) -> dict:
-    from trainer import advisor, config_io
+    from trainer.advisor import estimate as advisor
+    from trainer.config import files as config_io
 
     advice = advisor.advise(config_io.load(preset, overrides))
     if advice.memory is None:
@@ -148,8 +150,8 @@ def main() -> None:
     os.environ.setdefault("KOHYA_STUDIO_HOME", tempfile.mkdtemp(prefix="bench-home-"))
     os.environ["HF_HUB_OFFLINE"] = "1"
     sys.path.insert(0, str(ROOT))
-    from trainer.advisor import gib
-    from trainer.device import detect
+    from trainer.advisor.estimate import gib
+    from trainer.system.device import detect
 
     print(f"device: {detect().summary()}; {os.cpu_count()} cores\n")
     print("| case | peak phase | estimate | measured | error | s/step est. | s/step meas. |")

@@ -22,8 +22,8 @@ WARMUP = 10
 
 def _case(model: str, steps: int, resolution: int, compiled: bool, out: str) -> dict:
     sys.path.insert(0, str(ROOT))
-    from trainer.config_io import from_dict
-    from trainer.loop import run
+    from trainer.config.files import from_dict
+    from trainer.run.loop import run
 
     cfg = from_dict({
         "model": {"pretrained_model_name_or_path": model},

@@ -1,4 +1,4 @@
-"""CPU thread policies, idle and busy: the figures behind trainer/threads.py's default.
+"""CPU thread policies, idle and busy: the figures behind trainer/system/threads.py's default.
 
     python bench/cpu_threads.py [--model DIR] [--steps 25]
 
@@ -31,8 +31,8 @@ def _case(model: str, steps: int, out: str) -> dict:
     sys.path.insert(0, str(ROOT))
     import torch
 
-    from trainer.config_io import from_dict
-    from trainer.loop import run
+    from trainer.config.files import from_dict
+    from trainer.run.loop import run
 
     sink = StepTimes()
     data = Path(out) / "data" / "10_shapes"

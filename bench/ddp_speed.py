@@ -35,7 +35,7 @@ def _dataset(root: Path) -> Path:
 
 def _config(out: str, data: str, steps: int, batch: int, resolution: int, processes: int):
     sys.path.insert(0, str(ROOT))
-    from trainer.config_io import from_dict
+    from trainer.config.files import from_dict
 
     return from_dict({
         "dataset": {"train_data_dir": data, "resolution": resolution, "min_bucket_reso": 64,
@@ -55,7 +55,7 @@ def _rate(events: list) -> float:
 def _one_process(args: list) -> dict:
     """Runs in the child (OMP_NUM_THREADS=2): in-process training, as the GUI does."""
     from trainer.events import ListSink
-    from trainer.loop import run
+    from trainer.run.loop import run
 
     sink = ListSink()
     result = run(_config(*args, processes=1), sink)
@@ -79,7 +79,7 @@ def main() -> None:
                             OMP_NUM_THREADS=str(n))["steps_per_s"] for n in (2, 1)}
         sys.path.insert(0, str(ROOT))
         from trainer.events import ListSink
-        from trainer.launch import run_launched
+        from trainer.run.launch import run_launched
 
         os.environ["OMP_NUM_THREADS"] = "1"
         sink = ListSink()

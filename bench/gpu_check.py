@@ -40,9 +40,9 @@ def _dataset(root: Path, size: int, n: int = 8) -> Path:
 
 
 def _run(cfg_dict: dict) -> dict:
-    from trainer.config_io import from_dict
+    from trainer.config.files import from_dict
     from trainer.events import ListSink, Step
-    from trainer.loop import run
+    from trainer.run.loop import run
 
     sink = ListSink()
     start = time.time()
@@ -67,8 +67,8 @@ def _generate(model_dir: str, lora: str, device: str) -> bool:
 
 
 def precision_paths(work: Path, steps: int) -> list[dict]:
-    from trainer.device import detect
     from trainer.models.loader import resolve_model_path
+    from trainer.system.device import detect
 
     info = detect()
     data = _dataset(work / "tiny-data", 128)
@@ -164,7 +164,7 @@ def main() -> None:
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="gpu-check-"))
     os.environ.setdefault("KOHYA_STUDIO_HOME", str(work / "home"))
-    from trainer import doctor
+    from trainer.tools import doctor
 
     doctor.main([])
     results = precision_paths(work, 4 if args.smoke else 40)

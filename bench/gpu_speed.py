@@ -44,9 +44,9 @@ def build_unet(family: str, smoke: bool, device, checkpointing: bool):
     from diffusers import UNet2DConditionModel
 
     from trainer.config import TrainConfig
+    from trainer.config.paths import PROJECT_ROOT
     from trainer.methods.fast_lora import lean_forward
     from trainer.methods.lora import unet_lora_config
-    from trainer.paths import PROJECT_ROOT
 
     folder = PROJECT_ROOT / "trainer" / "assets" / "families" / FAMILIES[family][0] / "unet"
     config = UNet2DConditionModel.load_config(folder)

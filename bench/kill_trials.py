@@ -47,7 +47,7 @@ def broken_outputs(out: Path) -> list[str]:
     complete. Returns what is not."""
     from safetensors import safe_open
 
-    from trainer.state import find_latest, read_progress
+    from trainer.run.state import find_latest, read_progress
 
     bad = []
     for path in out.glob("*.safetensors"):
@@ -88,8 +88,8 @@ def resume_and_compare(folder: Path, data: Path, out: Path, reference: Path) -> 
     import torch
     from safetensors.torch import load_file
 
-    from trainer import config_io
-    from trainer.loop import run
+    from trainer.config import files as config_io
+    from trainer.run.loop import run
 
     result = run(config_io.load(write_config(folder, data, out, resume=True)))
     if result.status != "finished":
@@ -99,8 +99,8 @@ def resume_and_compare(folder: Path, data: Path, out: Path, reference: Path) -> 
 
 
 def reference_run(folder: Path, data: Path) -> Path:
-    from trainer import config_io
-    from trainer.loop import run
+    from trainer.config import files as config_io
+    from trainer.run.loop import run
 
     out = folder / "reference"
     result = run(config_io.load(write_config(folder, data, out)))

@@ -30,8 +30,8 @@ WARMUP = 5
 def _case(preset: str, out: str) -> dict:
     """Runs inside the child process: one default-preset run, timed."""
     sys.path.insert(0, str(ROOT))
-    from trainer import config_io
-    from trainer.loop import run
+    from trainer.config import files as config_io
+    from trainer.run.loop import run
 
     sink = StepTimes()
     cfg = config_io.load(ROOT / "presets" / f"{preset}.toml",

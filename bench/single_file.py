@@ -52,8 +52,8 @@ def _build(folder: str) -> dict:
 def _train(path: str, tokenizer: str, out: str, steps: int) -> dict:
     """Runs in a child: LoRA steps from the single file, timed."""
     sys.path.insert(0, str(ROOT))
-    from trainer.config_io import from_dict
-    from trainer.loop import run
+    from trainer.config.files import from_dict
+    from trainer.run.loop import run
 
     sink = StepTimes()
     cfg = from_dict({

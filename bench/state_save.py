@@ -3,7 +3,7 @@ SD 1.5-size LoRA.
 
     python bench/state_save.py [--sd15 DIR]
 
-Trains 2 steps with ``saving.save_state`` on and times each ``trainer.state.save_state`` call
+Trains 2 steps with ``saving.save_state`` on and times each ``trainer.run.state.save_state`` call
 (the LoRA file's own save is not counted). The SD 1.5-size case uses the random single file that
 bench/single_file.py builds (``--sd15`` names its folder; built there when missing), with the
 default LoRA (rank 8 on the attention blocks, AdamW).
@@ -24,9 +24,9 @@ from childproc import ROOT, parse_or_run_child, run_child
 
 def _case(model: str, tokenizer: str, out: str) -> dict:
     sys.path.insert(0, str(ROOT))
-    import trainer.state as state
-    from trainer.config_io import from_dict
-    from trainer.loop import run
+    import trainer.run.state as state
+    from trainer.config.files import from_dict
+    from trainer.run.loop import run
 
     timings: list[float] = []
     real = state.save_state

@@ -85,8 +85,8 @@ def build_lora(folder: str, path: str, rank: int) -> dict:
     from diffusers import UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel
 
-    from trainer.export.safe_write import save_safetensors_atomic
     from trainer.methods.lora import TEXT_ENCODER_TARGETS, UNET_TARGETS
+    from trainer.system.safe_write import save_safetensors_atomic
     from trainer.tools.targets import matches, model_targets
 
     with torch.device("meta"):

@@ -22,9 +22,9 @@ WARMUP = 5
 def _case(resolution: int, batch: int, cache: bool, steps: int, out: str, to_disk: bool) -> dict:
     """Runs inside the child process: one training run, timed per step."""
     sys.path.insert(0, str(ROOT))
-    import trainer.loop as loop
-    import trainer.session as session
-    from trainer.config_io import from_dict
+    import trainer.run.loop as loop
+    import trainer.run.session as session
+    from trainer.config.files import from_dict
 
     encoded = []
     real_encode = session.encode_images

@@ -4,8 +4,8 @@ A summary line (the estimated peak memory of the device's, time per step and for
 whole report in a closed accordion (steps, the memory table, with and without gradient
 checkpointing, the time) and up to :data:`SLOTS` buttons, one per recommendation that a setting
 can apply; a click puts its values into the form, which refreshes the advice. The estimate is
-``trainer.advisor.advise`` on the form's config (the same validation as Train); the handlers are
-plain functions of ``{path: value}`` so the tests call them without a browser.
+``trainer.advisor.estimate.advise`` on the form's config (the same validation as Train); the
+handlers are plain functions of ``{path: value}`` so the tests call them without a browser.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import gradio as gr
 
 from kohya_gui.fields import Form, to_widget
-from trainer import config_io
+from trainer.config import files as config_io
 
 SLOTS = 3
 
@@ -24,8 +24,8 @@ def advice_for(form: Form, values: dict[str, Any], info: Any = None
                ) -> tuple[str, str, list[dict[str, Any]]]:
     """(summary markdown, report markdown, the applicable recommendations as
     ``{"title", "changes"}``) for the form's values."""
-    from trainer.advisor import advise
-    from trainer.advisor_report import advice_markdown, summary
+    from trainer.advisor.estimate import advise
+    from trainer.advisor.report import advice_markdown, summary
 
     try:
         cfg = form.config(values)

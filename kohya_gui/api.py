@@ -11,7 +11,7 @@ from typing import Any
 
 from kohya_gui import presets
 from kohya_gui.runner import QueueFull, Runner
-from trainer import config_io
+from trainer.config import files as config_io
 from trainer.methods import AVAILABLE_MODES
 
 

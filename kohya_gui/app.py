@@ -12,8 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from trainer import paths
-from trainer.config import TrainConfig
+from trainer.config import TrainConfig, paths
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +62,7 @@ def default_output_dir() -> str:
 
 def detect_device() -> tuple[Any, str]:
     """(DeviceInfo, banner markdown): what the trainer will run on, and in which precision."""
-    from trainer import device
+    from trainer.system import device
 
     info = device.detect()
     try:
@@ -86,7 +85,7 @@ def allow_path(demo: Any, folder: str | Path) -> None:
 
 
 def build_app(runner: Any = None) -> Any:
-    """The whole page. ``runner`` defaults to one running ``trainer.loop.run``."""
+    """The whole page. ``runner`` defaults to one running ``trainer.run.loop.run``."""
     configure_environment()
     import gradio as gr
 

@@ -1,7 +1,7 @@
 """Before training: what the dataset holds and how many steps the settings make of it.
 
-``trainer.data.prepare_dataset`` reads the folders and ``trainer.plan.plan_steps`` does the step
-arithmetic (samples per epoch / batch size / accumulation x epochs), both the very code the run
+``trainer.data.prepare_dataset`` reads the folders and ``trainer.config.plan.plan_steps`` does the
+step arithmetic (samples per epoch / batch size / accumulation x epochs), both the very code the run
 uses; this module shows their answers, with the bucket table, as markdown.
 
 Regularization images add as many samples per epoch as the training images give (sd-scripts'
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.config import TrainConfig
-from trainer.plan import plan_steps
+from trainer.config.plan import plan_steps
 
 
 @dataclass(frozen=True)
@@ -98,9 +98,9 @@ def summary_markdown(cfg: TrainConfig, data: Any, warnings: list[str],
 
 def class_images_to_generate(cfg: TrainConfig) -> tuple[ClassImages | None, int]:
     """(what the run will generate or None, images the class folder holds now).
-    Raises ``trainer.class_images.ClassImageError`` when the class folder is ambiguous."""
-    from trainer.class_images import missing_class_images
+    Raises ``trainer.run.class_images.ClassImageError`` when the class folder is ambiguous."""
     from trainer.data.images import is_image_file
+    from trainer.run.class_images import missing_class_images
 
     folder, prompt, indices = missing_class_images(cfg)
     have = sum(1 for p in folder.iterdir() if is_image_file(p)) if folder.is_dir() else 0
@@ -127,8 +127,8 @@ def with_class_images(cfg: TrainConfig, data: Any, todo: ClassImages) -> Any:
 
 def check_dataset(cfg: TrainConfig) -> str:
     """Read the dataset of ``cfg`` and describe it; problems come back as a list, not raised."""
-    from trainer.class_images import ClassImageError
     from trainer.data import DatasetError, prepare_dataset
+    from trainer.run.class_images import ClassImageError
 
     warnings: list[str] = []
     try:

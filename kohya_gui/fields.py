@@ -4,16 +4,15 @@ Nothing here declares a setting. :func:`field_specs` reads ``trainer.config.iter
 decides the widget from the type (bool -> checkbox, Literal -> dropdown, int/float -> number with
 the schema's bounds, str -> textbox, list[str] -> one item per line, dict -> TOML text); the
 label, the help text and the TOML key under it (in small type, for people who know kohya's
-names) are the schema's. A mode's form has no ``mode`` box: the tab is the mode. A
-:class:`Form` keeps ``{dotted path: component}`` and converts
+names) are the schema's. A mode's form has no ``mode`` box: the tab is the mode. A :class:`Form`
+keeps ``{dotted path: component}`` and converts
 
     component values -> raw dict -> ``config_io.from_dict`` -> TrainConfig
     TrainConfig -> component values
 
 so every way into a config (file, preset, CLI, form) is validated by the same code. Optional
-fields: an empty box means unset (``None``). :func:`search` finds fields by label, key or help;
-:func:`search_updates` shows only those (opening the sections and "Advanced" parts that hold
-them).
+fields: an empty box means unset (``None``). :func:`search` finds fields by label, key or help
+and :func:`search_updates` shows only those (opening the sections and parts that hold them).
 """
 
 from __future__ import annotations
@@ -28,19 +27,14 @@ from typing import Any, Literal, Union
 import tomli_w
 import tomllib
 
-from trainer import config_io
 from trainer.config import TrainConfig, iter_fields, ui_hints
+from trainer.config import files as config_io
 
 UNSET_LABEL = "(unset)"
 TRISTATE = ("on", "off")  # the choices of an Optional[bool]
 SECTION_TITLES = {
-    "": "Mode",
-    "model": "Model",
-    "dataset": "Dataset",
-    "network": "Network",
-    "optimizer": "Optimizer",
-    "training": "Training",
-    "sampling": "Sample images",
+    "": "Mode", "model": "Model", "dataset": "Dataset", "network": "Network",
+    "optimizer": "Optimizer", "training": "Training", "sampling": "Sample images",
     "saving": "Saving",
 }
 

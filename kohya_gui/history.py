@@ -14,8 +14,8 @@ import logging
 from pathlib import Path
 from typing import Any, Optional
 
-from trainer import config_io
 from trainer.config import TrainConfig
+from trainer.config import files as config_io
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ RESUMABLE = ("stopped", "failed", "finished")
 
 
 def default_path() -> Path:
-    from trainer.paths import data_home
+    from trainer.config.paths import data_home
 
     return data_home() / HISTORY_FILE
 
@@ -47,7 +47,7 @@ def load_history(path: Path) -> list[dict[str, Any]]:
 
 
 def save_history(path: Path, entries: list[dict[str, Any]]) -> None:
-    from trainer.export.safe_write import atomic_path
+    from trainer.system.safe_write import atomic_path
 
     try:
         with atomic_path(path) as tmp:
@@ -58,7 +58,7 @@ def save_history(path: Path, entries: list[dict[str, Any]]) -> None:
 
 def can_resume(entry: dict[str, Any]) -> bool:
     """A run that ended with a complete training state and whose config is still there."""
-    from trainer.state import read_progress
+    from trainer.run.state import read_progress
 
     state, config = entry.get("state"), entry.get("config_path")
     return (entry.get("status") in RESUMABLE and bool(state) and bool(config)

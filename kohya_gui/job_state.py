@@ -24,7 +24,7 @@ from trainer.events import (
     Step,
     Validation,
 )
-from trainer.optim_lr import lr_label
+from trainer.optim.lr import lr_label
 
 TERMINAL = ("finished", "stopped", "failed")
 SMOOTHING = 0.9  # weight of the past in the smoothed loss (TensorBoard's default is 0.6-0.9)

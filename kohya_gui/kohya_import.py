@@ -10,7 +10,7 @@ from typing import Any
 import gradio as gr
 
 from kohya_gui.fields import Form
-from trainer import config_io
+from trainer.config import files as config_io
 from trainer.importers.kohya_ss import detect_mode, import_kohya, read_json
 
 TAB_TITLES = {"lora": "LoRA", "dreambooth": "DreamBooth", "textual_inversion": "Textual Inversion"}

@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from trainer import config_io, paths
-from trainer.config import TrainConfig
+from trainer.config import TrainConfig, paths
+from trainer.config import files as config_io
 
 USER_TAG = " (user)"
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,79}$")

@@ -1,6 +1,6 @@
 """One training job at a time, a small queue behind it, and a state snapshot that pages poll.
 
-The runner owns the trainer thread. ``trainer.loop.run(cfg, sink, control)`` runs on it; its
+The runner owns the trainer thread. ``trainer.run.loop.run(cfg, sink, control)`` runs on it; its
 events go to a :class:`QueueSink` that folds them into a :class:`JobState` under the runner's
 lock. Pages never hold the job: they poll :meth:`Runner.snapshot` with a ``gr.Timer``, so a
 reloaded page or a second tab sees the same run. Stop goes through ``Control.request_stop()``
@@ -23,8 +23,8 @@ from typing import Any, Optional
 
 from kohya_gui import history
 from kohya_gui.job_state import IDLE, TERMINAL, JobState, curve, smooth  # noqa: F401
-from trainer import config_io
 from trainer.config import TrainConfig
+from trainer.config import files as config_io
 from trainer.events import Control, Event, EventSink, Finished
 
 log = logging.getLogger(__name__)
@@ -33,11 +33,11 @@ RunFn = Callable[[TrainConfig, EventSink, Control], Optional[Finished]]
 
 
 def default_run(cfg: TrainConfig, sink: EventSink, control: Control) -> Finished:
-    from trainer.launch import needs_launch, run_launched
+    from trainer.run.launch import needs_launch, run_launched
 
     if needs_launch(cfg):  # more than one process: a subprocess whose rank 0 reports back
         return run_launched(cfg, sink, control)
-    from trainer.loop import run
+    from trainer.run.loop import run
 
     return run(cfg, sink, control)
 
@@ -278,7 +278,7 @@ class Runner:
         """Free what the run left behind: garbage, then the device's cached memory."""
         gc.collect()
         try:
-            from trainer import device
+            from trainer.system import device
 
             if self._device_info is None:
                 self._device_info = device.detect()

@@ -5,7 +5,7 @@ import os
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# A fixed thread count: trainer/threads.py follows the machine's load, and float sums differ
+# A fixed thread count: trainer/system/threads.py follows the machine's load, and float sums differ
 # with the count, so the tests that compare two runs bit for bit need it fixed (and one thread
 # keeps the browser tests' GUI server from fighting the browser for the cores). The policy has
 # its own tests (test_threads.py), which lift this.

@@ -2,7 +2,7 @@
 
 ``gui_home`` makes sure KOHYA_STUDIO_HOME is a temporary folder for the whole session (the
 embedded model and sample dataset are built there once). ``fake_run`` stands in for
-``trainer.loop.run``: it emits the same events, honours Control, and writes a small file.
+``trainer.run.loop.run``: it emits the same events, honours Control, and writes a small file.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 ARTIFACTS = PROJECT / "tests" / "artifacts"
 # The real trainer on the default preset, cut short so that the suite stays fast.
 QUICK_STEPS = 6
-CLASS_IMAGES = "Generating class images"  # trainer.class_images.STAGE, without torch
+CLASS_IMAGES = "Generating class images"  # trainer.run.class_images.STAGE, without torch
 
 
 @pytest.fixture(scope="session")
@@ -69,7 +69,7 @@ def free_port() -> int:
 
 def fake_run(steps: int = 12, delay: float = 0.0, fail: str | None = None,
              gate: threading.Event | None = None, prepare: int = 0) -> Callable[..., Finished]:
-    """A stand-in for trainer.loop.run: ``prepare`` Progress events (class images, one each),
+    """A stand-in for trainer.run.loop.run: ``prepare`` Progress events (class images, one each),
     then (after ``gate``) Started, Step per step, a Checkpoint, Finished."""
     calls: list[Any] = []
 

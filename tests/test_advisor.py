@@ -1,5 +1,5 @@
 """The advisor: the device rules on simulated devices (an RDNA3 card with 12 GB, an MI300X, an
-H200, an 8 GB NVIDIA card, the CPU) through trainer.device's DeviceInfo, what to change first
+H200, an 8 GB NVIDIA card, the CPU) through trainer.system.device's DeviceInfo, what to change first
 when a config does not fit, the meta-device measurements it rests on, the step arithmetic, the
 CLI, and the estimate against the measured peak RSS of a real run of the tiny model."""
 
@@ -11,12 +11,12 @@ import pytest
 import torch
 from train_helpers import preset_config
 
-from trainer import advisor
-from trainer.advisor_report import advice_markdown
-from trainer.advisor_rules import device_rules, is_big_accelerator, is_rdna3
-from trainer.device import DeviceInfo
-from trainer.footprint import LiveBytes, read_configs
-from trainer.paths import PROJECT_ROOT
+from trainer.advisor import estimate as advisor
+from trainer.advisor.footprint import LiveBytes, read_configs
+from trainer.advisor.report import advice_markdown
+from trainer.advisor.rules import device_rules, is_big_accelerator, is_rdna3
+from trainer.config.paths import PROJECT_ROOT
+from trainer.system.device import DeviceInfo
 
 GB = 10**9
 SD1_CONFIGS = PROJECT_ROOT / "trainer" / "assets" / "families" / "sd1"  # configs, no weights
@@ -130,7 +130,7 @@ def test_live_bytes_counts_each_storage_once_until_it_is_freed():
 
 
 def test_the_step_footprint_follows_the_method(tmp_path):
-    from trainer.footprint import param_counts, simulate_step
+    from trainer.advisor.footprint import param_counts, simulate_step
 
     lora = preset_config(tmp_path)
     configs = read_configs(lora.model)

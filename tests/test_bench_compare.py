@@ -3,8 +3,8 @@ with the peers' settings, and the table's medians and ratios come out right."""
 
 import sys
 
-from trainer.config_io import from_dict
-from trainer.paths import PROJECT_ROOT
+from trainer.config.files import from_dict
+from trainer.config.paths import PROJECT_ROOT
 
 sys.path.insert(0, str(PROJECT_ROOT / "bench"))
 import compare_peers  # noqa: E402

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from trainer.config import OptimizerSection
-from trainer.optim import OptimizerError, make_optimizer
-from trainer.paths import PROJECT_ROOT
+from trainer.config.paths import PROJECT_ROOT
+from trainer.optim.optimizers import OptimizerError, make_optimizer
 
 
 def test_cli_trains_the_default_preset_with_overrides(tmp_path, studio_home):

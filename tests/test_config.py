@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from trainer import config_io
 from trainer.config import SECTIONS, TrainConfig, iter_fields, ui_hints
-from trainer.config_io import ConfigError, dumps, from_dict, load
+from trainer.config import files as config_io
+from trainer.config.files import ConfigError, dumps, from_dict, load
 
 ROOT = Path(__file__).resolve().parent.parent
 

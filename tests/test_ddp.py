@@ -14,14 +14,14 @@ from safetensors.torch import load_file
 from train_helpers import small_config
 
 from kohya_gui.runner import Runner
-from trainer import launch
 from trainer.data import prepare_dataset
 from trainer.data.sampler import shard_rows
-from trainer.distributed import narrow, widen
 from trainer.events import Finished, ListSink, Log, Sample, Started, Step
-from trainer.launch import LaunchOptions, run_launched
-from trainer.loop import run
-from trainer.state import changed_keys
+from trainer.run import launch
+from trainer.run.launch import LaunchOptions, run_launched
+from trainer.run.loop import run
+from trainer.run.state import changed_keys
+from trainer.system.distributed import narrow, widen
 
 
 def two_images(root: Path) -> Path:
@@ -184,7 +184,8 @@ def test_the_runner_runs_stops_and_resumes_a_two_process_job(tmp_path, tiny_mode
 
 
 def test_the_command_line_launches_with_its_flags(tmp_path, monkeypatch):
-    from trainer import cli, config_io
+    from trainer import cli
+    from trainer.config import files as config_io
 
     seen = {}
 

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from trainer import device
-from trainer.device import (
+from trainer.system import device
+from trainer.system.device import (
     DeviceInfo,
     PrecisionError,
     check_full_bf16,
@@ -265,7 +265,8 @@ def test_only_device_py_probes_the_backends():
     offenders = [
         f"{path.relative_to(root)}:{number}"
         for folder in ("trainer", "kohya_gui") if (root / folder).is_dir()
-        for path in sorted((root / folder).rglob("*.py")) if path != root / "trainer/device.py"
+        for path in sorted((root / folder).rglob("*.py"))
+        if path != root / "trainer/system/device.py"
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
         if probe.search(line)
     ]

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from trainer import doctor
-from trainer.device import DeviceInfo
-from trainer.doctor import MatmulResult, Probes, SystemFacts, diagnose, gather_facts
+from trainer.system.device import DeviceInfo
+from trainer.tools import doctor
+from trainer.tools.doctor import MatmulResult, Probes, SystemFacts, diagnose, gather_facts
 
 ROCMINFO_OUT = """\
 Agent 1

@@ -6,8 +6,8 @@ from safetensors import safe_open
 from train_helpers import one_image_dataset, small_config
 
 from trainer.events import Checkpoint, ListSink, Started
-from trainer.loop import run
 from trainer.methods.dreambooth import DreamBoothMethod
+from trainer.run.loop import run
 
 GEN = torch.Generator().manual_seed(0)
 X, HIDDEN = torch.randn(2, 4, 8, 8, generator=GEN), torch.randn(2, 77, 32, generator=GEN)
@@ -169,7 +169,7 @@ def test_prior_preservation_generates_class_images_once(tmp_path):
 
 
 def test_the_class_folder_and_prompt(tmp_path):
-    from trainer.class_images import ClassImageError, class_folder, missing_class_images
+    from trainer.run.class_images import ClassImageError, class_folder, missing_class_images
 
     reg = tmp_path / "reg"
     (reg / "5_dog").mkdir(parents=True)
@@ -188,7 +188,7 @@ def test_the_class_folder_and_prompt(tmp_path):
 
 
 def test_configs_that_cannot_work_are_refused(tmp_path):
-    from trainer.config_io import ConfigError, from_dict
+    from trainer.config.files import ConfigError, from_dict
 
     with pytest.raises(ConfigError, match="nothing would train"):
         from_dict({"mode": "dreambooth", "network": {"train_unet": False}})

@@ -11,8 +11,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from trainer.export import safe_write
-from trainer.export.safe_write import atomic_path, save_safetensors_atomic
+from trainer.system import safe_write
+from trainer.system.safe_write import atomic_path, save_safetensors_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD = {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3)}
@@ -74,7 +74,7 @@ def test_killed_process_mid_write_keeps_the_earlier_file(tmp_path):
     before = path.read_bytes()
     script = textwrap.dedent(f"""
         import os, torch
-        from trainer.export import safe_write
+        from trainer.system import safe_write
         def die(tensors, filename, metadata=None):
             with open(filename, "wb") as f:
                 f.write(b"partial")

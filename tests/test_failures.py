@@ -11,9 +11,9 @@ import torch
 from safetensors.torch import load_file
 from train_helpers import one_image_dataset, small_config
 
-from trainer import step as step_module
 from trainer.events import ListSink
-from trainer.loop import run
+from trainer.run import step as step_module
+from trainer.run.loop import run
 
 
 def cfg_for(tmp_path, **sections):
@@ -36,9 +36,10 @@ def poisoned_loss(bad_step: int, make_bad):
 
 
 def test_a_nan_loss_stops_the_run_at_that_step_and_keeps_the_last_file(tmp_path, monkeypatch):
-    import trainer.step
+    import trainer.run.step
 
-    monkeypatch.setattr(trainer.step, "batch_loss", poisoned_loss(3, lambda x: x * float("nan")))
+    monkeypatch.setattr(trainer.run.step, "batch_loss",
+                        poisoned_loss(3, lambda x: x * float("nan")))
     cfg = cfg_for(tmp_path, training={"max_train_steps": 4},
                   saving={"save_every_n_steps": 2, "save_precision": "fp32"})
     result = run(cfg)
@@ -61,7 +62,7 @@ def test_a_non_finite_gradient_is_caught_before_the_optimizer_step(tmp_path, mon
         return real_after(self, model, step)
 
     monkeypatch.setattr(LoraMethod, "after_step", after_step)
-    import trainer.step
+    import trainer.run.step
 
     class InfiniteGrad(torch.autograd.Function):  # a finite loss whose gradients are not
         @staticmethod
@@ -72,7 +73,7 @@ def test_a_non_finite_gradient_is_caught_before_the_optimizer_step(tmp_path, mon
         def backward(ctx, grad):
             return grad * float("inf")
 
-    monkeypatch.setattr(trainer.step, "batch_loss", poisoned_loss(2, InfiniteGrad.apply))
+    monkeypatch.setattr(trainer.run.step, "batch_loss", poisoned_loss(2, InfiniteGrad.apply))
     result = run(cfg_for(tmp_path, training={"max_train_steps": 3}))
     assert result.status == "failed" and "step 2: the gradient norm is" in result.error
     assert list(seen) == [1]  # step 2 was never applied
@@ -87,8 +88,8 @@ def test_an_absurd_learning_rate_is_named(tmp_path):
 
 
 def test_out_of_memory_gives_advice_for_this_config_and_frees_the_model(tmp_path, monkeypatch):
-    import trainer.step
-    from trainer.session import Session
+    import trainer.run.step
+    from trainer.run.session import Session
 
     released = []
     real_release = Session.release
@@ -98,7 +99,7 @@ def test_out_of_memory_gives_advice_for_this_config_and_frees_the_model(tmp_path
     def oom(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr(trainer.step, "batch_loss", oom)
+    monkeypatch.setattr(trainer.run.step, "batch_loss", oom)
     result = run(cfg_for(tmp_path, training={"train_batch_size": 2}))
     assert result.status == "failed" and "out of device memory at step 1" in result.error
     for advice in ("training.train_batch_size = 1", "training.gradient_checkpointing = true",
@@ -108,7 +109,7 @@ def test_out_of_memory_gives_advice_for_this_config_and_frees_the_model(tmp_path
 
 
 def test_a_full_disk_keeps_the_previous_file_and_says_so(tmp_path, monkeypatch):
-    from trainer.export import safe_write
+    from trainer.system import safe_write
 
     cfg = cfg_for(tmp_path, training={"max_train_steps": 2}, saving={"save_precision": "fp32"})
     assert run(cfg).status == "finished"

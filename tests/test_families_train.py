@@ -16,9 +16,9 @@ from train_helpers import one_image_dataset, small_config
 
 from trainer.events import ListSink
 from trainer.export.checkpoint import save_checkpoint
-from trainer.loop import run
 from trainer.models.loader import load_base_model
 from trainer.models.tiny import save_tiny_model
+from trainer.run.loop import run
 
 pytestmark = pytest.mark.usefixtures("no_network")
 PIPELINES = {"sd1": "StableDiffusionPipeline", "sd2": "StableDiffusionPipeline",
@@ -193,9 +193,9 @@ def test_sdxl_text_cache_gives_the_same_losses_as_encoding_each_step(tmp_path, m
 
 
 def test_the_tiny_sdxl_preset_trains_and_samples(tmp_path):
-    from trainer.config_io import load
+    from trainer.config.files import load
+    from trainer.config.paths import PROJECT_ROOT
     from trainer.events import Sample
-    from trainer.paths import PROJECT_ROOT
 
     cfg = load(PROJECT_ROOT / "presets" / "lora" / "tiny-sdxl.toml",
                [f"saving.output_dir={tmp_path}", "training.log_with=none",

@@ -25,7 +25,7 @@ THUMBNAILS_SHOWN = """() => [...document.querySelectorAll('#editor-table img')].
 def trained_lora(tmp_path_factory, gui_home):  # noqa: F811
     import torch
 
-    from trainer.loop import run
+    from trainer.run.loop import run
 
     root = tmp_path_factory.mktemp("utilities")
     threads = torch.get_num_threads()

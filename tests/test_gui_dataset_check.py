@@ -13,10 +13,10 @@ from PIL import Image
 
 from kohya_gui.dataset_check import check_dataset, class_images_to_generate, with_class_images
 from kohya_gui.runner import Runner
-from trainer import config_io
 from trainer.config import TrainConfig
+from trainer.config import files as config_io
+from trainer.config.plan import plan_steps
 from trainer.data import prepare_dataset
-from trainer.plan import plan_steps
 
 BUCKETS = {"resolution": 96, "min_bucket_reso": 64, "max_bucket_reso": 192,
            "bucket_reso_steps": 32}

@@ -25,8 +25,8 @@ from kohya_gui.fields import (
 )
 from kohya_gui.runner import Runner
 from kohya_gui.tabs import dreambooth, lora, mode_tab, textual_inversion
-from trainer import config_io
 from trainer.config import MODES, iter_fields, ui_hints
+from trainer.config import files as config_io
 
 TABS = {m.MODE: m for m in (lora, dreambooth, textual_inversion)}
 
@@ -344,7 +344,7 @@ def test_search_finds_fields_by_label_key_or_help(tabs):
 
 def test_the_advisor_panel_estimates_the_form_and_applies_its_advice(tabs):
     from kohya_gui import advisor_panel
-    from trainer.device import DeviceInfo
+    from trainer.system.device import DeviceInfo
 
     form = tabs[0]["lora"].form
     values, _ = mode_tab.load_preset(form, "default")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from kohya_gui import history
-from trainer import config_io
 from trainer.config import TrainConfig
+from trainer.config import files as config_io
 
 
 def a_state(folder, step=3):

@@ -19,8 +19,8 @@ from gui_helpers import (  # noqa: F401
 
 from kohya_gui import progress
 from kohya_gui.runner import JobState, QueueFull, Runner, smooth
-from trainer import config_io
 from trainer.config import TrainConfig
+from trainer.config import files as config_io
 from trainer.events import Progress, Started, Step
 
 

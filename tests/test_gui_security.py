@@ -124,7 +124,7 @@ def test_only_the_output_folders_are_served(open_app, gui_home, tmp_path):  # no
     outside.write_text("no")
     assert httpx.get(url + f"gradio_api/file={outside}").status_code == 403
     cfg_dir = tmp_path / "run-out"
-    from trainer import config_io
+    from trainer.config import files as config_io
 
     demo.runner.submit(config_io.from_dict({"saving": {"output_dir": str(cfg_dir)}}))
     assert demo.runner.wait_idle(10)

@@ -12,10 +12,10 @@ import pytest
 from PIL import Image
 from train_helpers import small_config
 
-from trainer import config_io
 from trainer.config import TrainConfig
+from trainer.config import files as config_io
 from trainer.data import DatasetError, prepare_dataset
-from trainer.importers.dataset_toml import DatasetTomlError, load_dataset_toml
+from trainer.data.dataset_toml import DatasetTomlError, load_dataset_toml
 
 BUCKETS = {"resolution": 64, "min_bucket_reso": 64, "max_bucket_reso": 128,
            "bucket_reso_steps": 64, "cache_latents": False}
@@ -297,7 +297,7 @@ def test_cache_validation_and_text_cache_follow_the_subsets(tmp_path):
     assert encoded == len(data.entries) and any((tmp_path / ".cache").iterdir())
     with pytest.raises(ValueError, match="captions change per step"):
         data.final_captions()
-    from trainer.validation import validation_data
+    from trainer.run.validation import validation_data
 
     held = validation_data(data, config(toml, validation_split=0.5))
     captions = [held._batch([i], __import__("random").Random(0)).captions[0]
@@ -337,7 +337,7 @@ def test_check_dataset_shows_the_toml_dataset(tmp_path):
 
 def test_two_steps_of_training_from_a_dataset_toml_with_a_reg_subset(tmp_path):
     from trainer.events import ListSink, Started
-    from trainer.loop import run
+    from trainer.run.loop import run
 
     folders(tmp_path / "data")
     toml = write(tmp_path / "data", """
@@ -367,7 +367,7 @@ resolution = 64
 
 
 def test_the_advisor_sees_a_subset_folder_change(tmp_path):
-    from trainer.advisor import step_arithmetic
+    from trainer.advisor.estimate import step_arithmetic
 
     folders(tmp_path)
     toml = write(tmp_path, '[[datasets]]\n[[datasets.subsets]]\nimage_dir = "cats"\n')

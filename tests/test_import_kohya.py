@@ -14,12 +14,12 @@ from gui_helpers import one_torch_thread  # noqa: F401 - fixture
 from safetensors.torch import load_file
 from train_helpers import one_image_dataset
 
-from trainer import config_io
 from trainer.cli import main
 from trainer.config import EMBEDDED_MODEL
-from trainer.config_io import ConfigError
+from trainer.config import files as config_io
+from trainer.config.files import ConfigError
 from trainer.importers.kohya_ss import import_kohya, import_kohya_file
-from trainer.loop import run
+from trainer.run.loop import run
 
 DATA = Path(__file__).parent / "data" / "kohya_ss"
 

@@ -4,7 +4,7 @@ Two trials of bench/kill_trials.py (which runs twenty for the figures in the clo
 
 import sys
 
-from trainer.paths import PROJECT_ROOT
+from trainer.config.paths import PROJECT_ROOT
 
 sys.path.insert(0, str(PROJECT_ROOT / "bench"))
 

@@ -5,9 +5,9 @@ import torch
 from safetensors import safe_open
 from train_helpers import eval_loss, one_image_dataset, preset_config, small_config
 
-from trainer import step as step_module
 from trainer.events import Checkpoint, Control, Finished, ListSink, Sample, Started, Step
-from trainer.loop import run
+from trainer.run import step as step_module
+from trainer.run.loop import run
 
 
 def _fresh_pipeline(tiny_model_dir):
@@ -161,7 +161,7 @@ def test_second_run_encodes_nothing_and_a_new_resolution_reencodes(tmp_path, mon
         calls.append(pixels.shape[0])
         return real(vae, pixels)
 
-    monkeypatch.setattr("trainer.session.encode_images", counting)
+    monkeypatch.setattr("trainer.run.session.encode_images", counting)
     data = one_image_dataset(tmp_path / "data", size=(128, 128))
     disk = {"cache_latents_to_disk": True, "resolution": 64}
     encoded = []

@@ -8,8 +8,9 @@ import torch.nn.functional as F
 from diffusers import DDPMScheduler
 from diffusers.training_utils import compute_snr
 
-from trainer.config_io import from_dict
-from trainer.losses import (
+from trainer.config.files import from_dict
+from trainer.config.plan import plan_steps
+from trainer.objectives.losses import (
     debiased_weights,
     diffusion_loss,
     elementwise_loss,
@@ -21,7 +22,7 @@ from trainer.losses import (
     target_for,
     v_pred_like_noise_pred_weights,
 )
-from trainer.plan import Meter, plan_steps
+from trainer.run.meter import Meter
 
 
 def _scheduler(prediction_type="epsilon"):

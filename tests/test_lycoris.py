@@ -14,8 +14,8 @@ from safetensors.torch import load_file
 from train_helpers import one_image_dataset, small_config
 
 from trainer.events import Control, ListSink, Step
-from trainer.loop import run
 from trainer.methods.lycoris import LycorisMethod
+from trainer.run.loop import run
 
 # a tensor only each algorithm writes, and extra settings that exercise its options
 ALGO_KEY = {"locon": "lora_down.weight", "loha": "hada_w2_b", "lokr": "lokr_w1",
@@ -138,7 +138,7 @@ class StopAfterFirstStep(ListSink):
 
 def test_resume_continues_a_lycoris_run_exactly(tmp_path_factory):
     """A run stopped after step 1 and resumed from its state ends with the tensors of the
-    uninterrupted 2-step run: trainer/state.py saves and restores the adapters, which live
+    uninterrupted 2-step run: trainer/run/state.py saves and restores the adapters, which live
     under ``unet.lycoris``, and their optimizer state."""
     _, straight, _ = trained(tmp_path_factory, "loha")
     root = tmp_path_factory.mktemp("resume")
@@ -153,7 +153,7 @@ def test_resume_continues_a_lycoris_run_exactly(tmp_path_factory):
     want, got = load_file(straight.output_path), load_file(result.output_path)
     assert want.keys() == got.keys()
     for key in want:  # a step moves them by ~1e-3; the CPU thread count, which follows the
-        # machine's load (trainer/threads.py), may differ between runs and reorder float sums
+        # machine's load (trainer/system/threads.py), may differ between runs and reorder float sums
         torch.testing.assert_close(got[key], want[key], rtol=1e-5, atol=1e-8)
 
 
@@ -219,7 +219,7 @@ def test_sdxl_names_are_sd_scripts(tmp_path):
     ({"network_type": "lokr", "factor": 0}, "network.factor"),
 ])
 def test_options_the_type_does_not_read_are_refused(network, message):
-    from trainer.config_io import ConfigError, from_dict
+    from trainer.config.files import ConfigError, from_dict
 
     with pytest.raises(ConfigError, match=message):
         from_dict({"mode": "lora", "network": network})
@@ -232,8 +232,8 @@ def test_footprint_counts_lycoris_parameters():
     """The estimate prepares a weightless (meta) model, where DoRA's weight norms have no
     value: it counts DoRA as the LoCon under it instead of failing."""
     network_type = "dora"
-    from trainer.config_io import from_dict
-    from trainer.footprint import embedded_configs, simulate_step
+    from trainer.advisor.footprint import embedded_configs, simulate_step
+    from trainer.config.files import from_dict
 
     configs = embedded_configs("embedded:tiny-sd15")
     sizes = {}

@@ -16,8 +16,8 @@ from train_helpers import small_config
 from trainer.config import TrainConfig
 from trainer.data import DatasetError, prepare_dataset
 from trainer.events import ListSink, Step
-from trainer.loop import run
-from trainer.losses import diffusion_loss
+from trainer.objectives.losses import diffusion_loss
+from trainer.run.loop import run
 
 W, H = 96, 64  # a wide image: the 64 x 64 bucket crops it, so the crop must follow too
 
@@ -136,7 +136,7 @@ SPIED = ("offset_noise", "pyramid_noise", "sample_timesteps", "v_pred_like_noise
 
 
 def test_training_with_every_loss_and_noise_option(tmp_path, monkeypatch):
-    from trainer import step
+    from trainer.run import step
 
     calls: dict[str, list] = {name: [] for name in SPIED}
     for name in SPIED:  # every option reaches the loss of every step

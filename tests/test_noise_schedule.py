@@ -4,12 +4,12 @@ import torch
 from train_helpers import one_image_dataset, small_config
 
 from trainer.events import ListSink, Step
-from trainer.loop import run
+from trainer.run.loop import run
 
 
 def test_zero_terminal_snr_v_prediction_trains_and_samples_on_the_same_schedule(
         tmp_path, monkeypatch):
-    from trainer import sampling
+    from trainer.run import sampling
 
     seen = {}
     real = sampling.inference_pipeline
@@ -37,7 +37,7 @@ def test_zero_terminal_snr_v_prediction_trains_and_samples_on_the_same_schedule(
 
 
 def test_without_the_option_the_model_schedule_is_kept(tmp_path, monkeypatch):
-    from trainer import sampling
+    from trainer.run import sampling
 
     seen = {}
     real = sampling.inference_pipeline

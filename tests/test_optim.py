@@ -15,16 +15,16 @@ from train_helpers import one_image_dataset, small_config
 
 from trainer.config import OptimizerName
 from trainer.events import Control, ListSink, Log, NullSink, Step
-from trainer.loop import run
-from trainer.optim import OPTIMIZERS, OptimizerError, make_optimizer, make_scheduler
-from trainer.optim_lr import averaged_weights, effective_lr, lr_notes
+from trainer.optim.lr import averaged_weights, effective_lr, lr_notes
+from trainer.optim.optimizers import OPTIMIZERS, OptimizerError, make_optimizer, make_scheduler
+from trainer.run.loop import run
 
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory, studio_home):
     """A LoRA session on the tiny model, its first batch and its trained weights as built."""
-    from trainer.loop import _Job
-    from trainer.session import Session, prepare
+    from trainer.run.loop import _Job
+    from trainer.run.session import Session, prepare
 
     tmp = tmp_path_factory.mktemp("optim")
     cfg = small_config(tmp, one_image_dataset(tmp / "data"))
@@ -49,7 +49,7 @@ def test_every_schema_name_has_a_builder():
 
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
 def test_each_optimizer_takes_two_steps_on_the_tiny_model(prepared, name):
-    from trainer.step import batch_loss
+    from trainer.run.step import batch_loss
 
     s, batch, groups, start = prepared
     params = [p for g in groups for p in g["params"]]
@@ -114,8 +114,8 @@ def test_adaptive_optimizers_note_a_learning_rate_far_from_one():
 
 
 def test_schedule_free_saves_its_averaged_weights(prepared, tmp_path):
-    from trainer.loop import _Job
-    from trainer.outputs import save_checkpoint
+    from trainer.run.loop import _Job
+    from trainer.run.outputs import save_checkpoint
 
     s, _, groups, _ = prepared
     params = [p for g in groups for p in g["params"]]
@@ -234,7 +234,7 @@ def test_the_run_panel_labels_an_effective_learning_rate(tmp_path):
 
 
 def test_the_advisor_counts_every_optimizer_state():
-    from trainer.advisor import optimizer_state_bytes
+    from trainer.advisor.estimate import optimizer_state_bytes
 
     step = SimpleNamespace(trained=1000, factored=30)
     sizes = {n: optimizer_state_bytes(n, step, 4) for n in OPTIMIZERS}

@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 from train_helpers import preset_config
 
 from trainer.events import Checkpoint, Control, ListSink, Step
-from trainer.loop import run
-from trainer.state import StateError, find_latest
+from trainer.run.loop import run
+from trainer.run.state import StateError, find_latest
 
 
 def three_images(root: Path) -> Path:
@@ -141,6 +141,6 @@ def test_resume_latest_without_a_state_names_the_setting(tmp_path):
     result = run(cfg)
     assert result.status == "failed" and "training.resume = 'latest'" in result.error
     with pytest.raises(StateError, match="not a complete training state"):
-        from trainer.state import resolve_resume
+        from trainer.run.state import resolve_resume
 
         resolve_resume(config(tmp_path, "x", training={"resume": str(tmp_path)}))

@@ -7,7 +7,7 @@ The expected names are derived here from the SGM layout of SDXL's UNet (input_bl
 
 import torch
 
-from trainer.config_io import from_dict
+from trainer.config.files import from_dict
 from trainer.export.lora import kohya_state_dict, sgm_unet_names
 from trainer.methods.lora import unet_lora_config
 from trainer.models.tiny import build_sdxl_components

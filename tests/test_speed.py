@@ -8,10 +8,10 @@ import pytest
 import torch
 from train_helpers import one_image_dataset, small_config
 
-from trainer import speed
+from trainer.config.paths import PROJECT_ROOT
 from trainer.events import Log, Step
-from trainer.loop import run
-from trainer.paths import PROJECT_ROOT
+from trainer.run.loop import run
+from trainer.system import speed
 
 
 class Sink:
@@ -27,18 +27,18 @@ class Sink:
 
 def counting_encoder(monkeypatch):
     """Count how many captions the text encoder encodes during a run."""
-    import trainer.session
-    import trainer.step
+    import trainer.run.session
+    import trainer.run.step
 
     calls = []
-    real = trainer.step.encode_captions
+    real = trainer.run.step.encode_captions
 
     def counted(model, captions, clip_skip):
         calls.append(len(captions))
         return real(model, captions, clip_skip)
 
-    monkeypatch.setattr(trainer.step, "encode_captions", counted)
-    monkeypatch.setattr(trainer.session, "encode_captions", counted)
+    monkeypatch.setattr(trainer.run.step, "encode_captions", counted)
+    monkeypatch.setattr(trainer.run.session, "encode_captions", counted)
     return calls
 
 
@@ -123,7 +123,7 @@ def test_a_broken_compile_cache_names_the_folder_to_delete(tmp_path, monkeypatch
     def fails(*args, **kwargs):
         raise error
 
-    monkeypatch.setattr("trainer.step.batch_loss", fails)
+    monkeypatch.setattr("trainer.run.step.batch_loss", fails)
     result = run(small_config(tmp_path, one_image_dataset(tmp_path / "data")), Sink())
     assert result.status == "failed"
     assert f"rm -rf {tmp_path / 'inductor'}" in result.error
@@ -135,7 +135,7 @@ def test_adamw_uses_the_fused_kernel_unless_the_arguments_choose():
     assert speed.fused_adamw_kwargs(params, {}) == {"fused": True}
     assert speed.fused_adamw_kwargs(params, {"foreach": False}) == {}
     from trainer.config import OptimizerSection
-    from trainer.optim import make_optimizer
+    from trainer.optim.optimizers import make_optimizer
 
     opt = make_optimizer(OptimizerSection(), [{"params": params, "lr": 1e-3}], "cpu")
     assert opt.defaults["fused"] is True
@@ -146,14 +146,14 @@ def test_adamw_uses_the_fused_kernel_unless_the_arguments_choose():
 
 def test_bitsandbytes_is_imported_only_for_an_8bit_optimizer():
     code = (
-        "import sys, trainer, trainer.loop, trainer.session, trainer.step\n"
+        "import sys, trainer, trainer.run.loop, trainer.run.session, trainer.run.step\n"
         "import peft, diffusers\n"
         "from diffusers import StableDiffusionPipeline, UNet2DConditionModel\n"
         "from peft import LoraConfig, inject_adapter_in_model\n"
         "assert sys.modules.get('bitsandbytes', 'absent') is None, 'imported early'\n"
         "import torch\n"
         "from trainer.config import OptimizerSection\n"
-        "from trainer.optim import make_optimizer\n"
+        "from trainer.optim.optimizers import make_optimizer\n"
         "p = [torch.nn.Parameter(torch.zeros(64))]\n"
         "opt = make_optimizer(OptimizerSection(optimizer_type='AdamW8bit'), [{'params': p}], "
         "'cpu')\n"

@@ -13,20 +13,20 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 from train_helpers import one_image_dataset, small_config
 
-from trainer.config_io import ConfigError, from_dict, load
+from trainer.config.files import ConfigError, from_dict, load
+from trainer.config.paths import PROJECT_ROOT
 from trainer.data import prepare_dataset
 from trainer.data.errors import DatasetError
 from trainer.events import ListSink, Sample, Started
 from trainer.export.embedding import save_embedding
-from trainer.loop import run
 from trainer.methods.textual_inversion import (
     TextualInversionMethod,
     TokenError,
     init_rows,
     token_names,
 )
-from trainer.paths import PROJECT_ROOT
-from trainer.step import expand_multi_vector_tokens
+from trainer.run.loop import run
+from trainer.run.step import expand_multi_vector_tokens
 
 TOKEN = "<tok>"
 INIT_WORD = "circle"  # one token of the tiny tokenizer
@@ -339,7 +339,7 @@ def test_the_ti_preset_trains_to_the_end_with_samples(tmp_path):
 
 @pytest.mark.parametrize("token", ["<a\tb>", "<a\u00a0b>"])
 def test_a_token_with_any_white_space_is_refused(token):
-    from trainer.config_io import ConfigError, from_dict
+    from trainer.config.files import ConfigError, from_dict
 
     with pytest.raises(ConfigError, match="one word without spaces"):
         from_dict({"mode": "textual_inversion", "network": {"token_string": token}})

@@ -6,8 +6,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from trainer import threads
-from trainer.threads import CpuThreads, CpuTimes, others_cores, read_cpu_times, wanted_threads
+from trainer.system import threads
+from trainer.system.threads import (
+    CpuThreads,
+    CpuTimes,
+    others_cores,
+    read_cpu_times,
+    wanted_threads,
+)
 
 
 def fake_torch(n):
@@ -85,7 +91,7 @@ def test_a_cpu_run_reports_its_threads(tmp_path, monkeypatch):
     from train_helpers import one_image_dataset, small_config
 
     from trainer.events import Log
-    from trainer.loop import run
+    from trainer.run.loop import run
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     logs = []

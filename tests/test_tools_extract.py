@@ -25,7 +25,7 @@ TE_TARGETS = ["q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2"]
 @pytest.fixture(scope="module")
 def dreambooth(tmp_path_factory, tiny_model_dir):
     """A DreamBooth run on the tiny model, text encoder trained too: (single file, folder)."""
-    from trainer.loop import run
+    from trainer.run.loop import run
 
     root = tmp_path_factory.mktemp("db")
     data = one_image_dataset(root / "data")

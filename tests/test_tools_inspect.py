@@ -23,7 +23,7 @@ def run_inspect(path, **kw):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, tiny_model_dir):
-    from trainer.loop import run
+    from trainer.run.loop import run
 
     root = tmp_path_factory.mktemp("trained")
     cfg = small_config(root, one_image_dataset(root / "data"),

@@ -16,7 +16,7 @@ from trainer.data import DatasetError, prepare_dataset
 from trainer.data.discover import ConceptFolder, ImageEntry
 from trainer.data.split import held_out_count, split_entries
 from trainer.events import ListSink, Started, Step, Validation
-from trainer.loop import run
+from trainer.run.loop import run
 
 
 def entry(name: str, folder: str = "10_a", is_reg: bool = False) -> ImageEntry:
@@ -86,8 +86,8 @@ def test_a_run_reports_validation_every_n_steps_and_to_tensorboard(tmp_path,
 
 def test_validation_is_fixed_and_leaves_the_run_as_it_was(tmp_path, tiny_model_dir,
                                                          one_torch_thread):  # noqa: F811
-    from trainer import validation
     from trainer.models.loader import load_base_model
+    from trainer.run import validation
 
     base = preset_config(tmp_path / "a", training={"max_train_steps": 4})
     val_dir = tmp_path / "val" / "1_shapes"

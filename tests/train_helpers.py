@@ -6,8 +6,8 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from trainer.config_io import from_dict, load
-from trainer.paths import PROJECT_ROOT
+from trainer.config.files import from_dict, load
+from trainer.config.paths import PROJECT_ROOT
 
 DEFAULT_PRESET = PROJECT_ROOT / "presets" / "lora" / "default.toml"
 

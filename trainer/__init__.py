@@ -1,5 +1,5 @@
-"""The training engine. See trainer/loop.py for the entry point, ``run(cfg, sink, control)``."""
+"""The training engine. See trainer/run/loop.py for the entry point, ``run(cfg, sink, control)``."""
 
-from trainer.lazy_imports import defer_bitsandbytes
+from trainer.system.lazy_imports import defer_bitsandbytes
 
 defer_bitsandbytes()

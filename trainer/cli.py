@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from trainer.paths import PROJECT_ROOT
+from trainer.config.paths import PROJECT_ROOT
 
 EXAMPLE_PATH = PROJECT_ROOT / "config_example.toml"
 
@@ -76,8 +76,8 @@ class ConsoleSink:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from trainer import config_io
-    from trainer.launch import run_from_cli
+    from trainer.config import files as config_io
+    from trainer.run.launch import run_from_cli
 
     overrides = list(args.set or [])
     if args.num_processes is not None:
@@ -103,7 +103,7 @@ def _tiny_model(args: argparse.Namespace) -> int:
 
 
 def _example_config(args: argparse.Namespace) -> int:
-    from trainer.config_io import example_toml
+    from trainer.config.files import example_toml
 
     text = example_toml()
     if args.check:
@@ -120,7 +120,7 @@ def _example_config(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from trainer import doctor
+    from trainer.tools import doctor
 
     return doctor.main([])
 
@@ -132,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("config", type=Path, help="the config file, e.g. presets/lora/default.toml")
     train.add_argument("--set", action="append", metavar="KEY=VALUE",
                        help="override a setting, e.g. --set optimizer.learning_rate=2e-4")
-    from trainer.launch import add_launch_arguments
+    from trainer.run.launch import add_launch_arguments
 
     add_launch_arguments(train)  # --num-processes and the multi-machine rendezvous
     train.set_defaults(func=_train)
@@ -147,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     from trainer.tools.cli import add_tool_commands
 
     add_tool_commands(sub)
-    from trainer.advisor import add_advise_command
+    from trainer.advisor.report import add_advise_command
 
     add_advise_command(sub)
     from trainer.importers.kohya_cli import add_import_command

@@ -66,7 +66,7 @@ class Step:
 @dataclass(frozen=True)
 class Validation:
     """The loss on the validation images at fixed timesteps and fixed noise, so that it
-    compares from step to step (trainer/validation.py)."""
+    compares from step to step (trainer/run/validation.py)."""
 
     step: int
     loss: float

@@ -24,8 +24,8 @@ from kohya_gui import advisor_panel, kohya_import, presets
 from kohya_gui.dataset_check import check_dataset
 from kohya_gui.fields import Form, build_form, search_updates
 from kohya_gui.runner import QueueFull, Runner, config_copy_path
-from trainer import config_io
 from trainer.config import TrainConfig
+from trainer.config import files as config_io
 
 MODE_TITLES = {"lora": "LoRA", "dreambooth": "DreamBooth", "textual_inversion": "Textual Inversion"}
 

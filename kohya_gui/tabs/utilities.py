@@ -1,5 +1,5 @@
 """The Utilities tab: the toolbox (inspect, merge, resize, extract, caption, caption editor), the
-environment report (``trainer.doctor``) and a config-file check.
+environment report (``trainer.tools.doctor``) and a config-file check.
 
 Each tool's form is generated from its options (:mod:`kohya_gui.tabs.tool_forms`) and its button
 calls a plain handler (:mod:`kohya_gui.tabs.tool_handlers`) with ``{option: value}``; the report
@@ -18,15 +18,15 @@ import gradio as gr
 
 from kohya_gui.tabs import tool_handlers as h
 from kohya_gui.tabs.tool_forms import ToolForm, build_form, form_values, make_component
-from trainer import config_io
+from trainer.config import files as config_io
 from trainer.tools import options as o
 
 TOOLS_GROUP = "utilities-tools"
 
 
 def doctor_report() -> str:
-    """What ``python -m trainer.doctor`` prints, captured."""
-    from trainer import doctor
+    """What ``python -m trainer.tools.doctor`` prints, captured."""
+    from trainer.tools import doctor
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
@@ -173,7 +173,7 @@ def build() -> None:
     _editor_section()
     with gr.Accordion("Environment report", open=False):
         gr.Markdown("The torch build, the device it sees, a small computation on it, and known "
-                    "mismatches (what `python -m trainer.doctor` prints).")
+                    "mismatches (what `python -m trainer.tools.doctor` prints).")
         run = gr.Button("Run the environment check", size="sm", elem_id="doctor-run")
         report = gr.Textbox(label="Report", lines=12, max_lines=40, elem_id="doctor-report")
         run.click(doctor_report, None, report, api_name="doctor")

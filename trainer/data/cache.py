@@ -20,7 +20,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from ..export.safe_write import save_safetensors_atomic
+from trainer.system.safe_write import save_safetensors_atomic
+
 from .buckets import Box, Size, bucket_name
 from .images import load_image, render, to_tensor
 from .masks import MaskSource, render_mask

@@ -18,8 +18,9 @@ from typing import Any, Optional
 
 import torch
 
+from trainer.config.paths import data_home as studio_data_home
+
 from ..models.conditioning import size_ids
-from ..paths import data_home as studio_data_home
 from .buckets import BucketSpec, Size, assign_bucket, bucket_name, bucket_table_for, cover_size
 from .buckets import crop_box as make_crop_box
 from .cache import Encode, LatentJob, LatentStore, build_latent_cache
@@ -204,7 +205,7 @@ class TrainingData:
         """The batches of ``epoch``; their number is ``steps_per_epoch(batch_size)``. ``skip``
         leaves out the first batches (a resumed run): the rest are exactly as they would be.
         ``shard`` = (rank, processes): the epoch of the global batch ``batch_size x processes``,
-        of which this process gets its rows (sampler.shard_rows; trainer/distributed.py)."""
+        of which this process gets its rows (sampler.shard_rows; trainer/system/distributed.py)."""
         rank, world = shard or (0, 1)
         for step, indices in enumerate(plan_epoch(self._groups, batch_size * world, seed, epoch)):
             if step >= skip:
@@ -315,7 +316,7 @@ def prepare_dataset(
     entries = validate(found, BucketSpec.from_config(ds), problems)
     entries, held_out = validation_entries(cfg, entries, warn, problems)
     if ds.dataset_config is not None:
-        from trainer.importers.dataset_toml import subset_masks
+        from trainer.data.dataset_toml import subset_masks
 
         masks = subset_masks(cfg, entries, problems)
     else:
@@ -335,7 +336,7 @@ def _scan(cfg: Any, warn: Callable[[str], None], problems: list[str],
     reg_data_dir."""
     ds = cfg.dataset
     if ds.dataset_config is not None:
-        from trainer.importers.dataset_toml import dataset_candidates
+        from trainer.data.dataset_toml import dataset_candidates
 
         return dataset_candidates(cfg, warn, problems)
     train_dir = resolve_dataset_dir(ds.train_data_dir, data_home or studio_data_home())

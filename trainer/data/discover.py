@@ -27,7 +27,7 @@ _CONCEPT = re.compile(r"^(\d+)_(.*)$", re.DOTALL)
 @dataclass(frozen=True)
 class SubsetOptions:
     """The options of one folder that a dataset TOML sets per subset (and per dataset: ``spec``,
-    ``dataset``); see trainer/importers/dataset_toml.py. A folder without them uses the
+    ``dataset``); see trainer/data/dataset_toml.py. A folder without them uses the
     ``dataset`` section's values."""
 
     caption: CaptionOptions

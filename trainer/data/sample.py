@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
+from trainer.system.safe_write import atomic_path
+
 from ..config import EMBEDDED_DATASET
-from ..export.safe_write import atomic_path
 
 SAMPLE_SEED = 1234
 CONCEPT_FOLDER = "10_shapes"

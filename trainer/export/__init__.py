@@ -4,8 +4,13 @@
 - :mod:`trainer.export.metadata`: sd-scripts' ``ss_*`` keys and ``modelspec.*`` (RunFacts).
 - :mod:`trainer.export.hashes`: ``sshs_model_hash`` / ``sshs_legacy_hash`` and file hashes.
 - :mod:`trainer.export.embedding`: textual-inversion embeddings (``emb_params``).
-- :mod:`trainer.export.safe_write`: atomic writes (temporary file, then ``os.replace``).
+- :mod:`trainer.export.lycoris`: LyCORIS files (``lycoris.kohya``);
+  :mod:`trainer.export.lycoris_args`: their network arguments.
+- :mod:`trainer.export.checkpoint`: single-file checkpoints in the original layout.
+- :mod:`trainer.export.names`: module names as the files name them, shared by the writers.
 
-The submodules are imported where they are used: ``lora`` pulls in peft, which the config and
-data code that only write files atomically must not pay for.
+Files are written atomically through :mod:`trainer.system.safe_write`.
+
+The submodules are imported where they are used: ``lora`` pulls in peft, which code that only
+writes a file must not pay for.
 """

@@ -42,8 +42,8 @@ from typing import Any, Optional
 
 import torch
 
-from trainer.export.lora import text_encoder_module_path, unwrap
-from trainer.export.safe_write import save_safetensors_atomic
+from trainer.export.names import text_encoder_module_path, unwrap
+from trainer.system.safe_write import save_safetensors_atomic
 
 FAMILIES = ("sd1", "sd2", "sdxl")
 UNET_PREFIX = "model.diffusion_model."

@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 import torch
 
-from trainer.export.safe_write import save_safetensors_atomic
+from trainer.system.safe_write import save_safetensors_atomic
 
 
 def embedding_tensors(vectors: torch.Tensor, vectors_g: Optional[torch.Tensor] = None, *,

@@ -30,37 +30,15 @@ from typing import Any, Optional
 
 import torch
 
-UNET_PREFIX = "lora_unet"
-TEXT_ENCODER_PREFIX = "lora_te"  # SD 1.x/2.x; SDXL uses lora_te1 / lora_te2
+from trainer.export.names import (  # noqa: F401 - the names this module writes with
+    TEXT_ENCODER_PREFIX,
+    UNET_PREFIX,
+    kohya_module_name,
+    text_encoder_module_path,
+    unwrap,
+)
+
 SAVE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-def kohya_module_name(prefix: str, module_path: str) -> str:
-    """``lora_unet`` + ``down_blocks.0.attentions.0.proj_in`` -> ``lora_unet_down_blocks_0_...``."""
-    return f"{prefix}_{module_path.replace('.', '_')}"
-
-
-def text_encoder_module_path(module_path: str) -> str:
-    """The CLIP text encoder's path as the checkpoint names it: always under ``text_model.``.
-
-    transformers 5 flattened ``CLIPTextModel`` (``encoder.layers.0...``); transformers 4 and the
-    original checkpoints have ``text_model.encoder.layers.0...``. Both give the same kohya name.
-    """
-    if module_path.startswith("text_model."):
-        return module_path
-    return "text_model." + module_path
-
-
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The model under DistributedDataParallel / torch.compile wrappers, whose module paths
-    would otherwise start with ``module.`` / ``_orig_mod.``."""
-    while True:
-        inner = getattr(model, "_orig_mod", None)
-        if inner is None and isinstance(model, torch.nn.parallel.DistributedDataParallel):
-            inner = model.module
-        if inner is None:
-            return model
-        model = inner
 
 
 def iter_lora_layers(model: torch.nn.Module, adapter_name: str = "default") -> Iterator[
@@ -171,7 +149,7 @@ def save_lora(
     """
     from trainer.export.hashes import add_hashes
     from trainer.export.metadata import RunFacts, build_lora_metadata, resolved_version
-    from trainer.export.safe_write import save_safetensors_atomic
+    from trainer.system.safe_write import save_safetensors_atomic
 
     facts = facts if facts is not None else RunFacts()
     dtype = dtype or SAVE_DTYPES[cfg.saving.save_precision]

@@ -34,50 +34,14 @@ from trainer.export.lora import (
     text_encoder_module_path,
     unwrap,
 )
-
-NETWORK_MODULE = "lycoris.kohya"
-# network.network_type -> lycoris' ``algo`` and the extra network_args it implies
-ALGOS: dict[str, tuple[str, dict[str, str]]] = {
-    "locon": ("locon", {}), "loha": ("loha", {}), "lokr": ("lokr", {}),
-    "ia3": ("ia3", {"preset": "ia3"}), "dora": ("lora", {"dora_wd": "True"}),
-}
+from trainer.export.lycoris_args import (  # noqa: F401 - re-exported for readers
+    ALGOS,
+    NETWORK_MODULE,
+    conv_rank,
+    lycoris_network_args,
+)
 
 Rename = Optional[Callable[[str], str]]
-
-
-def _arg(value: Any) -> str:
-    """A value as a user types it in sd-scripts' ``network_args`` (``4``, ``0.5``, ``True``)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return str(value)
-    return str(int(value)) if float(value).is_integer() else str(value)
-
-
-def conv_rank(net: Any) -> tuple[int, float]:
-    """(conv_dim, conv_alpha) as lycoris.kohya resolves them: unset, network_dim and
-    network_alpha (peft LoRA instead trains no convolution without conv_dim)."""
-    dim = net.conv_dim if net.conv_dim is not None else net.network_dim
-    return dim, net.conv_alpha if net.conv_alpha is not None else net.network_alpha
-
-
-def lycoris_network_args(cfg: Any) -> dict[str, str]:
-    """``ss_network_args``: the ``network_args`` that make ``lycoris.kohya`` build this network
-    (algo, conv_dim/conv_alpha as resolved, and the options the algorithm reads)."""
-    from trainer.config_rules import NETWORK_OPTIONS
-
-    net = cfg.network
-    algo, extra = ALGOS[net.network_type]
-    args = {"algo": algo, **extra}
-    conv_dim, conv_alpha = conv_rank(net)
-    values = {
-        "conv_dim": conv_dim, "conv_alpha": conv_alpha, "dropout": net.network_dropout,
-        "factor": -1 if net.factor is None else net.factor,  # lycoris' "pick it"
-    }
-    for name, types in NETWORK_OPTIONS.items():
-        key = "dropout" if name == "network_dropout" else name
-        value = values.get(key, getattr(net, name, None))
-        if net.network_type in types and value is not None:
-            args[key] = _arg(value)
-    return args
 
 
 def _module_places(roots: Iterable[tuple[str, Any, Rename]]) -> dict[int, tuple[str, str, Rename]]:
@@ -135,7 +99,7 @@ def save_lycoris(
     ``modelspec.*`` and ``sshs_*`` metadata, atomically, in ``saving.save_precision``."""
     from trainer.export.hashes import add_hashes
     from trainer.export.metadata import RunFacts, build_lora_metadata, resolved_version
-    from trainer.export.safe_write import save_safetensors_atomic
+    from trainer.system.safe_write import save_safetensors_atomic
 
     facts = facts if facts is not None else RunFacts()
     dtype = dtype or SAVE_DTYPES[cfg.saving.save_precision]

@@ -180,7 +180,7 @@ def network_module(cfg: Any) -> str:
     """``ss_network_module``: ``networks.lora`` for peft LoRA, ``lycoris.kohya`` for LyCORIS."""
     if cfg.network.network_type == "lora":
         return NETWORK_MODULE
-    from trainer.export.lycoris import NETWORK_MODULE as LYCORIS_MODULE
+    from trainer.export.lycoris_args import NETWORK_MODULE as LYCORIS_MODULE
 
     return LYCORIS_MODULE
 
@@ -190,7 +190,7 @@ def network_args(cfg: Any) -> dict[str, str]:
     for LyCORIS types the ``lycoris.kohya`` ones (trainer/export/lycoris.py)."""
     net = cfg.network
     if net.network_type != "lora":
-        from trainer.export.lycoris import lycoris_network_args
+        from trainer.export.lycoris_args import lycoris_network_args
 
         return lycoris_network_args(cfg)
     if net.conv_dim is None:

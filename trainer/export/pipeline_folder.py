@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from trainer.export.safe_write import atomic_dir
+from trainer.system.safe_write import atomic_dir
 
 
 def _weights(module: torch.nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:

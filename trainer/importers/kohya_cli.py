@@ -15,7 +15,7 @@ from trainer.config import MODES
 
 
 def _import_kohya(args: argparse.Namespace) -> int:
-    from trainer import config_io
+    from trainer.config import files as config_io
     from trainer.importers.kohya_ss import import_kohya_file
 
     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from trainer.config.plan import plan_steps
 from trainer.importers import kohya_convert as c
 from trainer.importers.kohya_network import NETWORK_KEYS, network, optimizer
 from trainer.importers.kohya_report import Ctx
@@ -23,7 +24,6 @@ from trainer.importers.kohya_table import (
     Rule,
     is_family_key,
 )
-from trainer.plan import plan_steps
 
 
 def model_family(ctx: Ctx) -> None:
@@ -72,7 +72,7 @@ def _positive(ctx: Ctx, key: str) -> float | None:
 
 def total_steps(ctx: Ctx, steps: float | None, epochs: float | None) -> int | None:
     """The run's optimizer steps, for percentages of it: max_train_steps, or the epochs over
-    the images x repeats in train_data_dir (when it can be read here), as trainer/plan.py
+    the images x repeats in train_data_dir (when it can be read here), as trainer/config/plan.py
     counts them."""
     if steps:
         return int(steps)

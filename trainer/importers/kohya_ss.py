@@ -20,9 +20,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from trainer import config_io
 from trainer.config import MODES, TrainConfig
-from trainer.config_io import ConfigError
+from trainer.config import files as config_io
+from trainer.config.files import ConfigError
 from trainer.importers.kohya_derived import DERIVED
 from trainer.importers.kohya_report import Ctx, ImportReport, is_off
 from trainer.importers.kohya_table import (

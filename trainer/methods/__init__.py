@@ -1,4 +1,4 @@
-"""What is trained in each mode. Methods share the one loop in trainer/loop.py.
+"""What is trained in each mode. Methods share the one loop in trainer/run/loop.py.
 
 A method decides what trains and how it is saved, and nothing else:
 

@@ -2,7 +2,7 @@
 
 Prior preservation is the data pipeline's: regularization images interleave with the training
 images and their loss is weighted by ``training.prior_loss_weight``; missing class images are
-generated before training (trainer/class_images.py). The result is saved as a single-file
+generated before training (trainer/run/class_images.py). The result is saved as a single-file
 checkpoint in the original layout (``<name>.safetensors``, what AUTOMATIC1111 and ComfyUI load)
 and, for the final save (or every save with ``saving.intermediate_diffusers``), as a diffusers
 folder ``<name>/`` beside it.

@@ -16,7 +16,7 @@ which match none of a diffusers UNet's, so :data:`IA3_PRESET` anchors them at th
 
 The adapters are registered as a submodule (``lycoris``) of the UNet and of each trained text
 encoder, so the loop's placement, precision casting, gradient clipping, DDP wrapping, text
-encoder freezing and the training state (trainer/state.py reads the models' parameters) treat
+encoder freezing and the training state (trainer/run/state.py reads the models' parameters) treat
 them as any trained parameter. The file is written by :mod:`trainer.export.lycoris`.
 """
 
@@ -57,7 +57,7 @@ _BUILD_LOCK = threading.Lock()
 def network_kwargs(cfg: TrainConfig) -> dict[str, Any]:
     """``LycorisNetworkKohya``'s arguments for this config, with lycoris.kohya's defaults
     (conv_dim = network_dim and conv_alpha = network_alpha when unset)."""
-    from trainer.export.lycoris import ALGOS, conv_rank  # network_type -> algo, its args
+    from trainer.export.lycoris_args import ALGOS, conv_rank  # network_type -> algo, its args
 
     net = cfg.network
     algo, args = ALGOS[net.network_type]
@@ -85,7 +85,7 @@ def build_network(cfg: TrainConfig, unet: torch.nn.Module,
     preset = IA3_PRESET if cfg.network.network_type == "ia3" else SD_PRESET
     kwargs = network_kwargs(cfg)
     if next(unet.parameters()).is_meta:
-        # trainer/footprint.py's weightless model: DoRA's scale is the norm of each weight's
+        # trainer/advisor/footprint.py's weightless model: DoRA's scale is the norm of each weight's
         # rows, which has no value there; the estimate counts DoRA as the LoRA under it
         kwargs["weight_decompose"] = False
     with _BUILD_LOCK:

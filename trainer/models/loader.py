@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from trainer.config import EMBEDDED_MODEL, EMBEDDED_SDXL, ModelSection
+from trainer.config.paths import data_home
 from trainer.models import families, single_file, tokenizers
 from trainer.models.families import FAMILIES, Family, ModelLoadError
-from trainer.paths import data_home
 
 EMBEDDED_MODELS = {EMBEDDED_MODEL: "sd1", EMBEDDED_SDXL: "sdxl"}
 

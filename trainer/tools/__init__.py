@@ -11,4 +11,5 @@ options and print or show the same report.
     extract   trainer.tools.extract      a LoRA from the difference of a fine-tuned model
     caption   trainer.tools.caption      captions with a transformers image-to-text model
     tag       trainer.tools.caption      tags with a WD14-style ONNX tagger
+    doctor    trainer.tools.doctor       what torch sees, whether the device computes, what to fix
 """

@@ -64,7 +64,7 @@ def compose(caption: str, opts: CaptionFolderOptions) -> str:
 
 
 def write_caption(image: Path, text: str, extension: str) -> Path:
-    from trainer.export.safe_write import atomic_path
+    from trainer.system.safe_write import atomic_path
 
     path = caption_path(image, extension)
     with atomic_path(path) as tmp:

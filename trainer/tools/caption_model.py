@@ -20,7 +20,7 @@ TASK = "image-text-to-text"
 
 
 def _device() -> str:
-    from trainer.device import detect
+    from trainer.system.device import detect
 
     return detect().torch_device
 

@@ -143,7 +143,7 @@ def extracted_metadata(base: Any, opts: ExtractOptions) -> dict[str, str]:
 def extract(opts: ExtractOptions, progress: Progress = no_progress) -> ExtractReport:
     """Extract the LoRA of ``opts.tuned`` relative to ``opts.base`` into ``opts.save_to``."""
     from trainer.export.hashes import add_hashes
-    from trainer.export.safe_write import save_safetensors_atomic
+    from trainer.system.safe_write import save_safetensors_atomic
 
     started = time.perf_counter()
     progress(0, 1, "loading the models")

@@ -141,7 +141,7 @@ def group_alphas(modules: list[LoraModule], opts: ResizeOptions) -> dict[bool, f
 def resize(opts: ResizeOptions, progress: Progress = no_progress) -> ResizeReport:
     """Resize ``opts.path`` and write ``opts.save_to``."""
     from trainer.export.hashes import add_hashes
-    from trainer.export.safe_write import save_safetensors_atomic
+    from trainer.system.safe_write import save_safetensors_atomic
 
     started = time.perf_counter()
     lora = read_lora(opts.path)

@@ -1,0 +1,73 @@
+"""What the advisor says, as records: the step arithmetic, the memory at the peak phase by phase,
+the time, and the advice with its problems; plus bytes for people (:func:`gib`).
+
+The estimate (:mod:`trainer.advisor.estimate`) fills them and the report
+(:mod:`trainer.advisor.report`) words them; neither imports the other for them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from trainer.advisor.rules import Recommendation
+
+GIB = 2**30
+FITS_BELOW = 0.95  # of the device's memory: the rest goes to fragmentation and other programs
+
+
+@dataclass(frozen=True)
+class Steps:
+    images: int = 0
+    validation_images: int = 0
+    samples_per_epoch: int = 0
+    batches_per_epoch: int = 0
+    steps_per_epoch: int = 0
+    epochs: int = 0
+    total_steps: int = 0
+    largest_bucket: tuple[int, int] = (512, 512)
+    problem: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Memory:
+    phase: str
+    lines: tuple[tuple[str, int], ...]  # what -> bytes, summing to the peak
+    capacity: Optional[int]
+    checkpointing: bool
+
+    @property
+    def peak(self) -> int:
+        return sum(b for _, b in self.lines)
+
+    @property
+    def fits(self) -> bool:
+        return self.capacity is None or self.peak <= self.capacity * FITS_BELOW
+
+
+@dataclass(frozen=True)
+class Timing:
+    seconds_per_step: float
+    total_seconds: Optional[float]
+    tflop_per_step: float
+    basis: str
+
+
+@dataclass
+class Advice:
+    device: str
+    precision: str
+    steps: Steps
+    memory: Optional[Memory] = None
+    other: Optional[Memory] = None  # with the other gradient_checkpointing setting
+    timing: Optional[Timing] = None
+    other_timing: Optional[Timing] = None
+    recommendations: list[Recommendation] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def gib(n: Optional[float]) -> str:
+    """Bytes for people: GiB from 1 GiB up, MiB below."""
+    if n is None:
+        return "?"
+    return f"{n / GIB:.2f} GiB" if abs(n) >= GIB else f"{n / 2**20:.1f} MiB"

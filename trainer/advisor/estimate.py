@@ -1,0 +1,304 @@
+"""Before a run: the step arithmetic, the peak memory on this device, the time, and advice.
+
+``advise(cfg, info)`` reads the dataset as the run will (``trainer.data.prepare_dataset`` and
+``trainer.config.plan.plan_steps``), measures one step of the model on the meta device
+(:mod:`trainer.advisor.footprint`: no weight is loaded) and adds up what the run keeps in
+memory at its peak, phase by phase:
+
+- loading (the CPU only: the weights in fp32 plus what is read beside them),
+- caching the latents (the VAE encodes batches of 4),
+- a training step: the frozen weights at the compute precision, the trained ones in fp32 (bf16
+  with ``full_bf16``), the VAE in fp32 where it stays on the device (no latent cache, or sample
+  images), their gradients, the optimizer's state, autocast's low-precision copies of the
+  trained weights, and the step's activations for the batch at the largest bucket (or a live
+  VAE encode, whichever is larger),
+- the optimizer step (foreach optimizers on a GPU keep a temporary the size of the weights),
+
+plus the runtime itself (the CPU: Python and the libraries; a GPU: the driver's context, which
+PyTorch does not count). The time per step is the step's operation count over the device's
+throughput plus a pass of the optimizer over the trained weights (:mod:`trainer.advisor.rules`
+has the devices and the rules). ``python -m trainer advise CONFIG.toml`` prints the report
+(:mod:`trainer.advisor.report`, which also holds the command).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any, Optional
+
+from trainer.advisor.advice import FITS_BELOW, GIB, Advice, Memory, Steps, Timing, gib  # noqa: F401
+from trainer.advisor.rules import Recommendation, device_rules, memory_rules, throughput
+
+# Measured here: a process with torch 2.13 (CPU), diffusers, transformers, accelerate and peft
+# imported holds 0.47 GiB; a CUDA or ROCm context with cuBLAS holds about 0.5 GiB that
+# PyTorch's own count of allocated memory leaves out.
+RUNTIME = {"cpu": int(0.47 * GIB), "cuda": int(0.5 * GIB), "rocm": int(0.6 * GIB),
+           "xpu": int(0.4 * GIB), "mps": int(0.3 * GIB)}
+# What a step costs beside its arithmetic: each dispatched operation (Python and a kernel
+# launch), the optimizer's pass over each trained parameter (memory bound: a CPU thread streams a
+# few GB/s, a GPU several TB/s) and, without foreach kernels (the CPU), about a dozen
+# operations per trained tensor (the update and the gradient clipping).
+OP_S = {"cpu": 2e-5, "gpu": 1e-5}
+OPTIMIZER_S_PER_PARAM = {"cpu": 2e-8, "gpu": 5e-11}
+OPS_PER_TENSOR = {"cpu": 12, "gpu": 0}
+# On the CPU a step's tensors come from malloc, whose heap keeps freed blocks (and oneDNN its
+# buffers): measured on SD 1.5's UNet (64-256 px, batch 2-8), the RSS grew by 1.5-1.9 x the
+# tensors alive at the step's peak. GPUs' caching allocators are not counted here.
+CPU_HEAP = 0.5
+CACHE_BATCH = 4  # trainer.data.TrainingData.cache_latents' batch
+_DATA_CACHE: dict[str, Any] = {}
+_ADVISING = threading.Lock()
+
+
+def with_changes(cfg: Any, changes: dict[str, Any]) -> Any:
+    """``cfg`` with dotted ``changes`` applied, validated like every config."""
+    from trainer.config import files as config_io
+
+    if not changes:
+        return cfg
+    data = config_io.to_dict(cfg)
+    for path, value in changes.items():
+        section, _, name = path.rpartition(".")
+        (data.setdefault(section, {}) if section else data)[name] = value
+    return config_io.from_dict(data, "advisor")
+
+
+# --- the step arithmetic -----------------------------------------------------------------
+
+def _folder_stamp(value: Optional[str]) -> list:
+    if not value or value.startswith("embedded:"):
+        return [value]
+    root = Path(value).expanduser()
+    try:
+        return [value] + sorted((p.name, p.stat().st_mtime_ns) for p in [root, *root.iterdir()]
+                                if p.is_dir())
+    except OSError:
+        return [value, None]
+
+
+def _toml_stamp(path: Optional[str]) -> list:
+    """A dataset TOML's own time and its image folders' stamps (its subsets can change)."""
+    if not path:
+        return []
+    from trainer.data.dataset_toml import read_toml
+
+    try:
+        toml = Path(path).expanduser()
+        raw = read_toml(toml)
+    except (OSError, ValueError):
+        return [path, None]
+    dirs = [sub.get("image_dir") for d in raw.get("datasets", []) if isinstance(d, dict)
+            for sub in d.get("subsets", []) if isinstance(sub, dict)]
+    return [path, toml.stat().st_mtime_ns] + [
+        _folder_stamp(str(toml.parent / d)) for d in dirs if isinstance(d, str)]
+
+
+def _prepared(cfg: Any) -> Any:
+    """``prepare_dataset(cfg)``, cached while the folders do not change."""
+    from trainer.data import prepare_dataset
+
+    ds = cfg.dataset
+    key = json.dumps([ds.model_dump(mode="json"), cfg.mode, cfg.training.seed,
+                      cfg.training.prior_loss_weight, cfg.network.model_dump(mode="json")]
+                     + [_folder_stamp(d) for d in (ds.train_data_dir, ds.reg_data_dir,
+                                                   ds.validation_data_dir)]
+                     + _toml_stamp(ds.dataset_config), default=str)
+    if key not in _DATA_CACHE:
+        _DATA_CACHE.clear()  # one dataset at a time: the form's
+        _DATA_CACHE[key] = prepare_dataset(cfg, warn=lambda message: None)
+    return _DATA_CACHE[key]
+
+
+def step_arithmetic(cfg: Any) -> Steps:
+    from trainer.config.plan import plan_steps
+    from trainer.data import DatasetError
+
+    tr, res = cfg.training, cfg.dataset.resolution
+    try:
+        data = _prepared(cfg)
+        plan = plan_steps(data.steps_per_epoch(tr.train_batch_size),
+                          tr.gradient_accumulation_steps, tr.max_train_steps,
+                          tr.max_train_epochs)
+    except (DatasetError, ValueError) as exc:
+        problems = getattr(exc, "problems", None) or [str(exc)]
+        return Steps(largest_bucket=(res, res), problem="; ".join(problems))
+    sizes = [tuple(int(x) for x in name.split("x")) for name in data.bucket_table()]
+    largest = max(sizes, key=lambda s: s[0] * s[1], default=(res, res))
+    return Steps(data.num_images, len(data.held_out), data.num_repeated,
+                 plan.batches_per_epoch, plan.steps_per_epoch, plan.epochs, plan.total_steps,
+                 largest)
+
+
+# --- memory ------------------------------------------------------------------------------
+
+def optimizer_state_bytes(name: str, step: Any, trained_bytes: int) -> float:
+    """Bytes of the optimizer's state for the step's trained parameters, kept in their dtype
+    (``trained_bytes`` each): AdamW two moments, Lion one, the 8-bit ones in a byte each,
+    Prodigy four tensors (two moments, s and the initial weights), Adafactor its factored
+    second moment; the others as trainer.optim.optimizers.OPTIMIZERS counts them."""
+    from trainer.optim.optimizers import state_bytes_per_weight
+
+    per_weight = state_bytes_per_weight(name, trained_bytes)
+    if per_weight is None:  # Adafactor
+        return step.factored * trained_bytes
+    return step.trained * per_weight
+
+
+def _precision(cfg: Any, info: Any) -> str:
+    from trainer.system.device import PrecisionError, resolve_precision
+
+    try:
+        return resolve_precision(cfg.training.mixed_precision, info)
+    except PrecisionError:
+        return resolve_precision("auto", info)
+
+
+def _dtype(precision: str) -> Any:
+    import torch
+
+    return {"no": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
+
+
+def _step(cfg: Any, info: Any, configs: Any, bucket: tuple[int, int], gc: bool,
+          measured_at: Optional[tuple[tuple[int, int], int]]) -> tuple[Any, float]:
+    """(the step's footprint, a factor for its activations and work): measured at ``bucket``
+    and the batch, or at ``measured_at`` (bucket, batch) and scaled by the pixels (what a
+    fused attention's memory and a UNet's work grow with) - the advisor's variants."""
+    from trainer.advisor.footprint import simulate_step
+
+    batch = cfg.training.train_batch_size
+    at_bucket, at_batch = measured_at or (bucket, batch)
+    step = simulate_step(configs, cfg, at_bucket, at_batch, _dtype(_precision(cfg, info)), gc)
+    scale = (batch * bucket[0] * bucket[1]) / (at_batch * at_bucket[0] * at_bucket[1])
+    return step, scale
+
+
+def memory_estimate(cfg: Any, info: Any, configs: Any, bucket: tuple[int, int],
+                    checkpointing: Optional[bool] = None,
+                    measured_at: Optional[tuple[tuple[int, int], int]] = None) -> Memory:
+    """The peak phase and its parts for ``cfg`` on ``info`` (see the module's docstring)."""
+    from trainer.advisor.footprint import param_counts, simulate_encode
+
+    tr, ds, precision = cfg.training, cfg.dataset, _precision(cfg, info)
+    gc = tr.gradient_checkpointing if checkpointing is None else checkpointing
+    dtype = _dtype(precision)
+    step, scale = _step(cfg, info, configs, bucket, gc, measured_at)
+    params, cpu = param_counts(configs), info.backend == "cpu"
+    c, t = dtype.itemsize, 2 if tr.full_bf16 else 4
+    name = "fp32" if c == 4 else precision
+    weights = [(f"frozen weights: {step.frozen / 1e6:.1f} M x {name}", step.frozen * c),
+               (f"trained weights: {step.trained / 1e6:.2f} M x {'bf16' if t == 2 else 'fp32'}",
+                step.trained * t)]
+    if cpu or not ds.cache_latents or cfg.sampling.sample_prompts:
+        weights.append((f"VAE: {params['vae'] / 1e6:.1f} M x fp32", params["vae"] * 4))
+    runtime = [("runtime: " + ("Python and the libraries" if cpu else "driver context"),
+                RUNTIME.get(info.backend, RUNTIME["cuda"]))]
+    state = [(f"optimizer state ({cfg.optimizer.optimizer_type})",
+              int(optimizer_state_bytes(cfg.optimizer.optimizer_type, step, t))),
+             ("gradients", step.trained * t)]
+    if precision != "no" and t == 4:
+        state.append((f"autocast copies of the trained weights ({precision})", step.trained * c))
+    batch = tr.train_batch_size
+    acts = (f"activations: batch {batch} at {bucket[0]}x{bucket[1]}, gradient checkpointing "
+            f"{'on' if gc else 'off'}", step.step_bytes * scale)
+    if not ds.cache_latents:
+        encode = simulate_encode(configs, bucket, batch)
+        acts = max(acts, (f"live VAE encode: batch {batch}", encode), key=lambda x: x[1])
+    heap = [("the C heap's spare blocks (CPU)", int(CPU_HEAP * acts[1]))] if cpu else []
+    phases = [("training step", runtime + weights + state + [acts] + heap)]
+    if not cpu and cfg.optimizer.optimizer_type in ("AdamW", "Lion", "Prodigy"):
+        phases.append(("optimizer step", runtime + weights + state
+                       + [("optimizer temporaries", step.trained * 4)]))
+    if ds.cache_latents:
+        vae = [] if any(w[0].startswith("VAE") for w in weights) else [
+            (f"VAE: {params['vae'] / 1e6:.1f} M x fp32", params["vae"] * 4)]
+        phases.append(("caching latents", runtime + weights + vae + [
+            (f"VAE encode: batch {CACHE_BATCH}", simulate_encode(configs, bucket, CACHE_BATCH))]))
+    if cpu:
+        total = sum(params.values())
+        phases.append(("loading the model", runtime + [
+            (f"all weights as loaded: {total / 1e6:.1f} M x fp32", total * 4),
+            ("read from the files beside them", configs.load_extra_bytes)]))
+    phase, lines = max(phases, key=lambda p: sum(b for _, b in p[1]))
+    return Memory(phase, tuple((what, int(b)) for what, b in lines), info.memory_bytes, gc)
+
+
+def timing(cfg: Any, info: Any, configs: Any, steps: Steps,
+           checkpointing: Optional[bool] = None) -> Timing:
+    tr, precision = cfg.training, _precision(cfg, info)
+    gc = tr.gradient_checkpointing if checkpointing is None else checkpointing
+    step, _ = _step(cfg, info, configs, steps.largest_bucket, gc, None)
+    rate, basis = throughput(info, precision)
+    batches = tr.gradient_accumulation_steps
+    flop = step.flops * batches
+    kind = "cpu" if info.backend == "cpu" else "gpu"
+    overhead = (OP_S[kind] * (step.ops * batches + OPS_PER_TENSOR[kind] * step.tensors)
+                + OPTIMIZER_S_PER_PARAM[kind] * step.trained)
+    per_step = flop / (rate * 1e12) + overhead
+    total = per_step * steps.total_steps if steps.total_steps else None
+    return Timing(per_step, total, flop / 1e12, basis)
+
+
+# --- advice ------------------------------------------------------------------------------
+
+def _bucket_for(cfg: Any, base: Any, bucket: tuple[int, int]) -> tuple[int, int]:
+    """The largest bucket after a resolution change (scaled, on multiples of 8)."""
+    ratio = cfg.dataset.resolution / base.dataset.resolution
+    return tuple(max(8, int(side * ratio) // 8 * 8) for side in bucket)  # type: ignore
+
+
+def _recommendations(cfg: Any, info: Any, configs: Any, steps: Steps, memory: Memory,
+                     other: Memory) -> list[Recommendation]:
+    precision = _precision(cfg, info)
+    out = [r for r in device_rules(cfg, info, precision)]
+    if not memory.fits and memory.capacity:
+        measured_at = (steps.largest_bucket, cfg.training.train_batch_size)
+
+        def peak_of(changes: dict[str, Any]) -> int:
+            changed = with_changes(cfg, changes)
+            bucket = _bucket_for(changed, cfg, steps.largest_bucket)
+            return memory_estimate(changed, info, configs, bucket,
+                                   measured_at=measured_at).peak
+        out = memory_rules(cfg, info, precision, peak_of,
+                           int(memory.capacity * FITS_BELOW)) + out
+    elif (cfg.training.gradient_checkpointing and other.fits and info.backend != "cpu"
+          and other.capacity and other.peak < other.capacity * 0.8):
+        out.append(Recommendation("Turn off gradient checkpointing", "it fits without it, "
+                                  "and steps are faster", {"training.gradient_checkpointing":
+                                                           False}))
+    return out
+
+
+def advise(cfg: Any, info: Any = None) -> Advice:
+    """Everything the advisor says about ``cfg`` on ``info`` (default: this machine's device).
+    Problems (a dataset that cannot be read, a model that cannot be found) come back in
+    ``problems``; they are not raised."""
+    from trainer.system.device import detect
+
+    info = info or detect()
+    with _ADVISING:  # one estimate at a time: each page's tabs ask at once
+        return _advise(cfg, info)
+
+
+def _advise(cfg: Any, info: Any) -> Advice:
+    from trainer.advisor.footprint import read_configs
+
+    advice = Advice(info.summary(), _precision(cfg, info), step_arithmetic(cfg))
+    if advice.steps.problem:
+        advice.problems.append(f"dataset: {advice.steps.problem} (the estimate assumes "
+                               f"{advice.steps.largest_bucket[0]} px squares)")
+    try:
+        configs = read_configs(cfg.model)
+        bucket = advice.steps.largest_bucket
+        gc = cfg.training.gradient_checkpointing
+        advice.memory = memory_estimate(cfg, info, configs, bucket)
+        advice.other = memory_estimate(cfg, info, configs, bucket, checkpointing=not gc)
+        advice.timing = timing(cfg, info, configs, advice.steps)
+        advice.other_timing = timing(cfg, info, configs, advice.steps, checkpointing=not gc)
+        advice.recommendations = _recommendations(cfg, info, configs, advice.steps,
+                                                  advice.memory, advice.other)
+    except ValueError as exc:  # ModelLoadError, nothing to train, a bad combination
+        advice.problems.append(str(exc))
+    return advice

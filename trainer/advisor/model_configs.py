@@ -1,0 +1,100 @@
+"""The component configs of the model a config names, read without loading a weight, and the
+advisor's cache of what it has computed from them.
+
+The configs: a diffusers folder's ``*/config.json``; for a single file, the family its header
+names (:mod:`trainer.models.families`) and that family's built-in configs or
+``model.config_dir``; for the embedded models, their builders' (:mod:`trainer.models.tiny`).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ENCODERS = ("text_encoder", "text_encoder_2")
+_LOCK = threading.RLock()  # a simulation may ask for another
+_CACHE: dict[str, Any] = {}
+
+
+@dataclass(frozen=True)
+class ModelConfigs:
+    family: str  # "sdxl" or "sd" (SD 1.x and 2.x build alike)
+    unet: dict
+    vae: dict
+    text_encoders: tuple[tuple[str, dict], ...]  # (component, config)
+    source: str
+    load_extra_bytes: int  # read into memory beside the built weights while loading
+
+    @property
+    def key(self) -> str:
+        return json.dumps([self.family, self.unet, self.vae, self.text_encoders], sort_keys=True)
+
+
+def _read(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _largest_weights(folder: Path) -> int:
+    return max((p.stat().st_size for p in folder.glob("*/*.*") if p.suffix in (".safetensors",
+                                                                             ".bin")), default=0)
+
+
+def folder_configs(folder: Path, source: str, load_extra: int | None = None) -> ModelConfigs:
+    encoders = tuple((name, _read(folder / name / "config.json")) for name in ENCODERS
+                     if (folder / name / "config.json").is_file())
+    return ModelConfigs(
+        family="sdxl" if len(encoders) > 1 else "sd", unet=_read(folder / "unet/config.json"),
+        vae=_read(folder / "vae/config.json"), text_encoders=encoders, source=source,
+        load_extra_bytes=_largest_weights(folder) if load_extra is None else load_extra)
+
+
+def embedded_configs(value: str) -> ModelConfigs:
+    """The configs of an embedded model, from its builder (nothing is written: a run may be
+    building its folder at the same time)."""
+    from trainer.models import tiny
+    from trainer.models.loader import EMBEDDED_MODELS
+
+    def build() -> ModelConfigs:
+        family = EMBEDDED_MODELS[value]
+        parts = tiny.build_sdxl_components() if family == "sdxl" else tiny.build_components()
+        encoders = tuple((name, parts[name].config.to_dict()) for name in ENCODERS
+                         if parts.get(name) is not None)
+        return ModelConfigs("sdxl" if family == "sdxl" else "sd", dict(parts["unet"].config),
+                            dict(parts["vae"].config), encoders, value, 0)
+    return cached("embedded:" + value, build)
+
+
+def read_configs(section: Any) -> ModelConfigs:
+    """The component configs of ``model`` (a ``ModelSection``); reads no weight. Raises
+    ``ModelLoadError`` naming the setting."""
+    from trainer.models import single_file
+    from trainer.models.families import ModelLoadError
+    from trainer.models.loader import EMBEDDED_MODELS, FIELD, resolve_model_path
+
+    if section.pretrained_model_name_or_path in EMBEDDED_MODELS:
+        return embedded_configs(section.pretrained_model_name_or_path)
+    path = resolve_model_path(section.pretrained_model_name_or_path)
+    try:
+        if path.is_dir():
+            return folder_configs(path, str(path))
+        if path.is_file() and path.suffix.lower() in (".safetensors", ".ckpt"):
+            with single_file.Checkpoint(path) as ckpt:
+                family = single_file.inspect(ckpt).family
+            folder = (Path(section.config_dir).expanduser() if section.config_dir
+                      else family.config_dir(section.prediction_type or "epsilon"))
+            return folder_configs(folder, str(path), load_extra=path.stat().st_size)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{FIELD} = {str(path)!r}: cannot read its configs ({exc})") from None
+    raise ModelLoadError(f"{FIELD} = {str(path)!r}: not a diffusers folder nor a "
+                         f".safetensors/.ckpt file")
+
+
+def cached(key: str, build: Any) -> Any:
+    """One simulation per key for the life of the process (they take seconds)."""
+    with _LOCK:
+        if key not in _CACHE:
+            _CACHE[key] = build()
+        return _CACHE[key]

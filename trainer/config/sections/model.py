@@ -1,0 +1,54 @@
+"""[model]: the base model and how it is read."""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from trainer.config.sections.base import EMBEDDED_MODEL, Section, setting
+
+
+class ModelSection(Section):
+    pretrained_model_name_or_path: str = setting(
+        EMBEDDED_MODEL,
+        "Base model: a diffusers folder, a .safetensors/.ckpt file (SD 1.x, 2.x, SDXL), or "
+        "the embedded embedded:tiny-sd15 / embedded:tiny-sdxl.",
+        widget="dir",
+        label="Base model",
+    )
+    model_version: Literal["auto", "sd1", "sd2", "sdxl"] = setting(
+        "auto", "Architecture of the base model; auto reads it from the model's configs.",
+        advanced=True,
+        label="Model family",
+    )
+    prediction_type: Optional[Literal["epsilon", "v_prediction"]] = setting(
+        None, "Training target; unset takes the base model's scheduler setting.", advanced=True,
+        label="Prediction type",
+    )
+    vae: Optional[str] = setting(
+        None, "A different VAE (diffusers folder or file) instead of the model's own.",
+        advanced=True, widget="dir",
+        label="VAE override",
+    )
+    clip_skip: int = setting(
+        1, "Use the output of the n-th last text-encoder layer (2 for many anime SD 1.x models); "
+        "1 is each family's own: SD 2.x's encoder ends at the layer SD 2 reads, SDXL counts from "
+        "the penultimate layer, as sd-scripts and AUTOMATIC1111 do.",
+        advanced=True, ge=1, le=12,
+        label="CLIP skip",
+    )
+    tokenizer: Optional[str] = setting(
+        None, "Tokenizer folder for a single-file model (the file holds none); unset looks "
+        "beside the file, then in the Hugging Face cache.", advanced=True, widget="dir",
+        label="Tokenizer folder",
+    )
+    config_dir: Optional[str] = setting(
+        None, "Folder of diffusers component configs (unet/, vae/, text_encoder/, ...) for a "
+        "single file of an unusual shape; unset uses the built-in SD 1.x, 2.x and SDXL ones.",
+        advanced=True, widget="dir",
+        label="Component config folder",
+    )
+    cache_as_diffusers: bool = setting(
+        False, "Keep a diffusers copy of a single-file model in the studio's data folder, "
+        "loaded faster next time; off writes nothing.", advanced=True,
+        label="Keep a diffusers copy",
+    )

@@ -1,0 +1,108 @@
+"""[network]: the adapter (LoRA, LyCORIS) and what it trains."""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from trainer.config.sections.base import Section, setting
+
+NetworkType = Literal["lora", "locon", "loha", "lokr", "ia3", "dora"]
+
+
+class NetworkSection(Section):
+    network_type: NetworkType = setting(
+        "lora", "Adapter: lora (peft LoRA, + conv_dim for LoCon); locon, loha, lokr, ia3 or "
+        "dora (LoRA with weight decomposition) through the lycoris-lora package "
+        "(network_module lycoris.kohya); ia3 has no rank and ignores network_dim/alpha.",
+        modes=("lora",), label="Network type",
+    )
+    network_dim: int = setting(8, "LoRA rank.", modes=("lora",), ge=1, le=1024,
+                               label="Network rank (dim)")
+    network_alpha: float = setting(
+        4.0, "LoRA alpha; the update is scaled by alpha / rank.", modes=("lora",), gt=0, le=4096,
+        label="Network alpha",
+    )
+    network_dropout: Optional[float] = setting(
+        None, "Dropout on the LoRA path.", modes=("lora",), advanced=True, ge=0, lt=1,
+        label="Network dropout",
+    )
+    conv_dim: Optional[int] = setting(
+        None, "Rank of LoRA on the 3x3 convolutions too (LoCon); unset: attention only for "
+        "lora, network_dim for the LyCORIS types (as lycoris does).",
+        modes=("lora",), advanced=True, ge=1, le=1024,
+        label="Convolution rank (LoCon)",
+    )
+    conv_alpha: Optional[float] = setting(
+        None, "Alpha of the convolution LoRA; unset uses conv_dim (LyCORIS: network_alpha).",
+        modes=("lora",), advanced=True, gt=0, le=4096,
+        label="Convolution alpha",
+    )
+    factor: Optional[int] = setting(
+        None, "LoKr only: the Kronecker factor of each dimension; unset: lycoris picks it "
+        "(its factor -1).", modes=("lora",), advanced=True, ge=1, le=4096, label="LoKr factor",
+    )
+    decompose_both: bool = setting(
+        False, "LoKr only: factor the smaller Kronecker matrix into low rank too.",
+        modes=("lora",), advanced=True, label="LoKr: decompose both",
+    )
+    use_tucker: bool = setting(
+        False, "LyCORIS locon/loha/lokr/dora: Tucker (CP) decomposition of the 3x3 "
+        "convolutions' kernels.", modes=("lora",), advanced=True, label="Tucker decomposition",
+    )
+    use_scalar: bool = setting(
+        False, "LyCORIS locon/loha/lokr/dora: a trained scalar on the update (starts at 0).",
+        modes=("lora",), advanced=True, label="Trained scalar",
+    )
+    rank_dropout: Optional[float] = setting(
+        None, "LyCORIS locon/loha/lokr/dora: dropout of rank rows of the update.",
+        modes=("lora",), advanced=True, ge=0, lt=1, label="Rank dropout",
+    )
+    module_dropout: Optional[float] = setting(
+        None, "LyCORIS types: probability of skipping a module's adapter in a step.",
+        modes=("lora",), advanced=True, ge=0, lt=1, label="Module dropout",
+    )
+    train_norm: bool = setting(
+        False, "LyCORIS types: train the norm layers' weights and biases too.",
+        modes=("lora",), advanced=True, label="Train norm layers",
+    )
+    train_unet: bool = setting(True, "Train the UNet.", modes=("lora", "dreambooth"),
+                               label="Train the UNet")
+    train_text_encoder: bool = setting(
+        False, "Train the text encoder too.", modes=("lora", "dreambooth"),
+        label="Train the text encoder",
+    )
+    train_text_encoder_2: Optional[bool] = setting(
+        None, "SDXL only: train the second text encoder (OpenCLIP bigG); unset follows "
+        "train_text_encoder.", modes=("lora", "dreambooth"), advanced=True,
+        label="Train SDXL's second text encoder",
+    )
+    stop_text_encoder_training: Optional[int] = setting(
+        None, "Freeze the text encoder after this many steps (it trains until then).",
+        modes=("lora", "dreambooth"), advanced=True, ge=1,
+        label="Stop text-encoder training after (steps)",
+    )
+    token_string: Optional[str] = setting(
+        None, "The new token that the embedding learns, e.g. <my-cat>.",
+        modes=("textual_inversion",),
+        label="Token",
+    )
+    init_word: Optional[str] = setting(
+        None, "Word(s) whose embedding starts the token; with several tokens, vector i starts "
+        "from token i (repeated when there are fewer); unset starts from their mean.",
+        modes=("textual_inversion",),
+        label="Initial word(s)",
+    )
+    num_vectors_per_token: int = setting(
+        1, "Number of embedding vectors for the token.", modes=("textual_inversion",),
+        ge=1, le=75,
+        label="Vectors per token",
+    )
+    caption_templates: Optional[Literal["object", "style"]] = setting(
+        None, "Train on built-in captions ('a photo of a <token>', ... or 'a painting in the "
+        "style of <token>', ...) instead of the dataset's; unset: every caption must hold "
+        "the token.", modes=("textual_inversion",),
+        label="Built-in caption templates",
+    )
+
+
+# sd-scripts' --optimizer_type spellings; trainer/optim/optimizers.py builds each.

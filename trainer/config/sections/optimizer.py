@@ -1,0 +1,68 @@
+"""[optimizer]: the optimizer, its learning rates and schedule."""
+
+from __future__ import annotations
+
+from typing import Literal, Optional, Union
+
+from trainer.config.sections.base import Section, setting
+
+OptimizerName = Literal[
+    "AdamW", "AdamW8bit", "PagedAdamW8bit", "PagedAdamW", "PagedAdamW32bit", "Lion", "Lion8bit",
+    "PagedLion8bit", "SGDNesterov", "SGDNesterov8bit", "Adafactor", "Prodigy", "DAdaptAdam",
+    "DAdaptation", "DAdaptAdamPreprint", "DAdaptAdaGrad", "DAdaptAdan", "DAdaptAdanIP",
+    "DAdaptLion", "DAdaptSGD", "AdamWScheduleFree", "RAdamScheduleFree", "SGDScheduleFree",
+]
+SchedulerName = Literal[
+    "constant", "constant_with_warmup", "linear", "cosine", "cosine_with_restarts", "polynomial",
+    "cosine_with_min_lr", "inverse_sqrt", "warmup_stable_decay", "piecewise_constant", "adafactor",
+]
+
+
+class OptimizerSection(Section):
+    optimizer_type: OptimizerName = setting("AdamW", "Optimizer.", label="Optimizer")
+    learning_rate: float = setting(1e-4, "Base learning rate.", gt=0, le=10, label="Learning rate")
+    unet_lr: Optional[float] = setting(
+        None, "Learning rate of the UNet; unset uses learning_rate.", modes=("lora", "dreambooth"),
+        advanced=True, gt=0, le=10,
+        label="UNet learning rate",
+    )
+    text_encoder_lr: Optional[float] = setting(
+        None, "Learning rate of the text encoder; unset uses learning_rate.",
+        modes=("lora", "dreambooth"), advanced=True, gt=0, le=10,
+        label="Text-encoder learning rate",
+    )
+    text_encoder_2_lr: Optional[float] = setting(
+        None, "SDXL only: learning rate of the second text encoder; unset uses "
+        "text_encoder_lr.", modes=("lora", "dreambooth"), advanced=True, gt=0, le=10,
+        label="Second text-encoder learning rate",
+    )
+    weight_decay: float = setting(0.01, "Weight decay.", advanced=True, ge=0, le=1,
+                                  label="Weight decay")
+    optimizer_args: dict[str, Union[bool, int, float, str, list[float]]] = setting(
+        {}, "Extra keyword arguments for the optimizer, e.g. {d_coef = 2.0} for Prodigy, "
+        "{betas = [0.9, 0.99]}.",
+        advanced=True, widget="dict",
+        label="Optimizer arguments",
+    )
+    lr_scheduler: SchedulerName = setting("constant", "Learning-rate schedule.",
+                                          label="Learning-rate schedule")
+    lr_warmup_steps: int = setting(0, "Warm-up steps at the start of the schedule.", ge=0,
+                                   label="Learning-rate warm-up steps")
+    lr_scheduler_num_cycles: int = setting(
+        1, "Restarts of cosine_with_restarts.", advanced=True, ge=1, le=1000,
+        label="Cosine restarts",
+    )
+    lr_scheduler_power: float = setting(
+        1.0, "Power of the polynomial schedule.", advanced=True, gt=0, le=100,
+        label="Polynomial power",
+    )
+    lr_scheduler_args: dict[str, Union[bool, int, float, str]] = setting(
+        {}, "Extra keyword arguments for the schedule (sd-scripts' lr_scheduler_args), e.g. "
+        "{min_lr_rate = 0.1} for cosine_with_min_lr, {num_decay_steps = 100} for "
+        "warmup_stable_decay, {step_rules = '1:100,0.1'} for piecewise_constant.",
+        advanced=True, widget="dict", label="Schedule arguments",
+    )
+    max_grad_norm: float = setting(
+        1.0, "Clip gradients to this norm; 0 turns clipping off (as in sd-scripts).", ge=0,
+        label="Gradient clipping norm",
+    )

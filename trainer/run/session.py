@@ -1,0 +1,276 @@
+"""Everything a run needs before its first step, built in order: the set-up half of the loop.
+
+:func:`prepare` detects the device once, resolves the precision, checks the data, loads the base
+model, generates missing class images, places the model, lets the method inject or unfreeze what
+trains, fills the caches and builds the optimizer. Each stage fills a field of a
+:class:`Session`, so a run that fails or stops half-way can still release what was built. The
+loop (trainer/run/loop.py) only reads the session.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Protocol
+
+import torch
+
+from trainer.config import TrainConfig
+from trainer.config.plan import StepPlan, plan_steps
+from trainer.events import Event
+from trainer.run.state import Progress
+from trainer.run.step import encode_captions, encode_images
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"no": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+class Reporter(Protocol):
+    """How set-up talks: log lines, events, and a way to honour Stop between stages."""
+
+    def log(self, message: str, level: str = "info") -> None: ...
+
+    def emit(self, event: Event) -> None: ...
+
+    def check_stop(self) -> None: ...
+
+
+@dataclass
+class Session:
+    cfg: TrainConfig
+    device_info: Any = None
+    precision: str = "no"
+    dtype: torch.dtype = torch.float32
+    method: Any = None
+    data: Any = None
+    model: Any = None
+    accelerator: Any = None
+    plan: Optional[StepPlan] = None
+    optimizer: Any = None
+    scheduler: Any = None
+    trained: list[Any] = field(default_factory=list)  # the modules with trained parameters
+    base_model_hash: Optional[str] = None
+    progress: Progress = field(default_factory=Progress)  # where the loop starts (resume)
+    shard: Optional[tuple[int, int]] = None  # (rank, processes) with more than one process
+    threads: Any = None  # trainer.system.threads.CpuThreads on the CPU backend
+
+    def release(self) -> None:
+        """Drop the models and free the device memory (the GUI process lives on)."""
+        if self.accelerator is not None:
+            try:
+                if self.cfg.training.log_with != "none":
+                    self.accelerator.end_training()
+                self.accelerator.free_memory()
+            except Exception:  # noqa: BLE001 - releasing must not mask the real outcome
+                log.exception("accelerator release failed")
+        self.model = self.accelerator = self.data = self.method = None
+        self.optimizer = self.scheduler = None
+        self.trained = []
+        gc.collect()
+        if self.device_info is not None:
+            from trainer.system.device import empty_cache
+
+            empty_cache(self.device_info)
+
+
+def prepare(s: Session, out: Reporter) -> None:
+    """Build ``s`` stage by stage; raises on bad input, with the setting or file named."""
+    from trainer.data import prepare_dataset
+    from trainer.methods import get_method
+    from trainer.models.loader import load_base_model
+    from trainer.run.class_images import ensure_class_images
+    from trainer.run.failures import check_output_dir
+    from trainer.run.state import load_state, resolve_resume
+    from trainer.system.distributed import main_process_first, rank
+
+    check_output_dir(s.cfg)
+    resume = resolve_resume(s.cfg) if s.cfg.training.resume else None
+    _device(s, out)
+    s.method = get_method(s.cfg)
+    with main_process_first(s.device_info):  # rank 0 first: it may build the tiny model
+        s.data = prepare_dataset(s.cfg, warn=lambda m: out.log(m, "warning"))
+        out.check_stop()
+        s.model = load_base_model(s.cfg.model)
+    out.check_stop()
+    out.log(f"Base model: {s.model.source} ({s.model.description or s.model.version})")
+    with main_process_first(s.device_info):  # rank 0 generates, the other processes wait
+        if ensure_class_images(s.cfg, s.model, s.device_info, s.precision, out) or rank():
+            s.data = prepare_dataset(s.cfg, warn=lambda m: out.log(m, "warning"))
+    _noise_schedule(s, out)
+    s.accelerator = _accelerator(s.cfg, s.device_info, s.precision)
+    if s.accelerator.num_processes > 1:
+        s.shard = (s.accelerator.process_index, s.accelerator.num_processes)
+    groups = _place_and_inject(s)
+    _compile(s, out)
+    _cache(s, out)
+    out.check_stop()
+    tr = s.cfg.training
+    processes = s.accelerator.num_processes  # a step trains the global batch
+    s.plan = plan_steps(s.data.steps_per_epoch(tr.train_batch_size * processes),
+                        tr.gradient_accumulation_steps, tr.max_train_steps, tr.max_train_epochs)
+    _optimizer(s, groups)
+    s.base_model_hash = _base_hash(s.model.source)
+    if resume is not None:
+        s.progress = load_state(s, resume)
+        s.method.after_step(s.model, s.progress.step)  # e.g. a text encoder frozen by then
+        out.log(f"Resumed from {resume} at step {s.progress.step} (epoch {s.progress.epoch}, "
+                f"{s.progress.position} batches into it)")
+
+
+def _device(s: Session, out: Reporter) -> None:
+    from trainer.system.device import check_full_bf16, detect, resolve_precision
+    from trainer.system.threads import adaptive_threads
+
+    s.device_info = info = detect()
+    s.precision = resolve_precision(s.cfg.training.mixed_precision, info)
+    s.dtype = DTYPES[s.precision]
+    check_full_bf16(s.cfg.training.full_bf16, s.precision)
+    out.log(f"Device: {info.summary()}; mixed precision: {s.precision}")
+    s.threads = adaptive_threads(info.backend)
+    if s.threads:
+        out.log(f"CPU training with {s.threads.threads} thread(s), one fewer while other "
+                f"processes keep a core busy (OMP_NUM_THREADS fixes the count)")
+
+
+def _noise_schedule(s: Session, out: Reporter) -> None:
+    """Zero terminal SNR (Lin et al. 2024, "Common Diffusion Noise Schedules and Sample Steps
+    are Flawed"): the last timestep is pure noise; diffusers' schedulers rescale the betas."""
+    if not s.cfg.training.zero_terminal_snr:
+        return
+    from diffusers import DDPMScheduler
+
+    s.model.noise_scheduler = DDPMScheduler.from_config(s.model.noise_scheduler.config,
+                                                        rescale_betas_zero_snr=True)
+    if s.model.prediction_type != "v_prediction":
+        out.log("training.zero_terminal_snr with an epsilon-prediction model: at the last "
+                "timestep there is no noise to predict; the paper pairs it with v-prediction "
+                "(set model.prediction_type = 'v_prediction' for a v model)", "warning")
+
+
+def _accelerator(cfg: TrainConfig, info: Any, precision: str):
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+    from accelerate.utils import set_seed
+
+    from trainer.run.outputs import flat_hparams
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    tr = cfg.training
+    log_dir = Path(tr.logging_dir or Path(cfg.saving.output_dir) / "logs")
+    acc = Accelerator(
+        mixed_precision=precision, cpu=info.backend == "cpu",
+        gradient_accumulation_steps=tr.gradient_accumulation_steps,
+        log_with=None if tr.log_with == "none" else tr.log_with, project_dir=str(log_dir),
+    )
+    set_seed(tr.seed)
+    if tr.log_with != "none":
+        acc.init_trackers(cfg.saving.output_name, config=flat_hparams(cfg))
+    return acc
+
+
+def _networks(model: Any) -> list[Any]:
+    """The UNet and the text encoder(s): what a method may train."""
+    from trainer.models.conditioning import family_of
+
+    return [model.unet] + [enc for _, enc, _ in family_of(model).text_encoders(model)]
+
+
+def _trained_modules(model: Any) -> list[Any]:
+    return [m for m in _networks(model) if any(p.requires_grad for p in m.parameters())]
+
+
+def _place_and_inject(s: Session) -> list[dict[str, Any]]:
+    """Move the model to the device, let the method choose what trains, set the modes."""
+    from diffusers.training_utils import cast_training_params
+
+    model, device, tr = s.model, s.accelerator.device, s.cfg.training
+    model.vae.to(device).eval()  # the VAE stays fp32: SD's VAE overflows in fp16
+    for module in _networks(model):
+        module.to(device) if s.dtype == torch.float32 else module.to(device, s.dtype)
+    groups = s.method.prepare(model)
+    trained = _trained_modules(model)
+    # trained weights in fp32 (or bf16 with full_bf16); the frozen rest at the compute dtype
+    cast_training_params(trained, dtype=torch.bfloat16 if tr.full_bf16 else torch.float32)
+    encoders = _networks(model)[1:]
+    for encoder in encoders:  # a frozen encoder runs in eval mode (no dropout, no grad)
+        encoder.train(s.method.trains_text_encoder and encoder in trained)
+    model.unet.train()
+    if tr.gradient_checkpointing:
+        model.unet.enable_gradient_checkpointing()
+        for encoder in encoders:
+            if encoder.training:
+                encoder.gradient_checkpointing_enable()
+    return groups
+
+
+def _compile(s: Session, out: Reporter) -> None:
+    """torch.compile of the UNet, in place (``Module.compile``): names, hooks and the saved
+    files stay as they are; only the forward runs through the compiler."""
+    from trainer.system.speed import CompileUnavailable, compile_options, compile_problem
+
+    if not s.cfg.training.compile:
+        return
+    problem = compile_problem(s.device_info.backend)
+    if problem:
+        raise CompileUnavailable(f"training.compile is on, but {problem}")
+    s.model.unet.compile(**compile_options())
+    out.log("UNet compiled with torch.compile: the first steps wait for the compiler")
+
+
+def _cache(s: Session, out: Reporter) -> None:
+    ds, model = s.cfg.dataset, s.model
+    if ds.cache_latents:
+        start = time.time()
+        # hashing the VAE's weights is only worth it for a cache that outlives the run
+        vae_id = model.vae_id if ds.cache_latents_to_disk else "in-memory"
+        with torch.no_grad():
+            encoded = s.data.cache_latents(lambda px: encode_images(model.vae, px), vae_id,
+                                           to_disk=ds.cache_latents_to_disk,
+                                           cache_dir=Path(ds.cache_dir) if ds.cache_dir
+                                           else None)
+        out.log(f"Latent cache ready: {encoded} image(s) encoded in {time.time() - start:.1f}s")
+        if not s.cfg.sampling.sample_prompts:
+            model.vae.to("cpu")  # not needed on the device any more
+    if _caches_text(s):
+        with torch.no_grad():
+            s.data.cache_text(lambda caps: encode_captions(model, caps, s.cfg.model.clip_skip))
+
+
+def _caches_text(s: Session) -> bool:
+    """On: prepare_dataset refused it where it is not valid. Unset: wherever the outputs cannot
+    change, since encoding each caption once is the same run, faster (the text encoder is a
+    large part of a small-resolution step)."""
+    from trainer.data.text_cache import text_cache_allowed
+
+    wanted = s.cfg.dataset.cache_text_encoder_outputs
+    if wanted is None:
+        return text_cache_allowed(s.cfg, s.method.trains_text_encoder)[0] \
+            and not s.data.text_cache_blocker
+    return wanted
+
+
+def _optimizer(s: Session, groups: list[dict[str, Any]]) -> None:
+    from trainer.optim.optimizers import make_optimizer, make_scheduler
+    from trainer.system.distributed import broadcast_params
+
+    optimizer = make_optimizer(s.cfg.optimizer, groups, s.device_info.backend)
+    s.scheduler = make_scheduler(s.cfg.optimizer, optimizer, s.plan.total_steps)
+    s.trained = _trained_modules(s.model)
+    if s.accelerator.num_processes > 1:  # no DDP wrapper: see trainer/system/distributed.py
+        s.optimizer = s.accelerator.prepare_optimizer(optimizer)
+        broadcast_params(s.trained, s.accelerator)
+        return
+    s.optimizer = s.accelerator.prepare(*s.trained, optimizer)[-1]
+
+
+def _base_hash(source: str) -> Optional[str]:
+    from trainer.export.hashes import model_short_hash
+
+    try:
+        return model_short_hash(Path(source))
+    except OSError:
+        return None

@@ -1,0 +1,160 @@
+"""The validation loss: the diffusion loss on images the run does not train on.
+
+The images are ``dataset.validation_split`` (held out of the training images) or
+``dataset.validation_data_dir`` (trainer/data/split.py). A training loss jumps from step to step
+because every step draws new timesteps and new noise; a validation loss is only worth comparing
+across steps when those stay put, so each image is scored at the same few timesteps spread over
+the schedule (:data:`TIMESTEP_FRACTIONS`) with noise drawn once from a generator seeded by
+``training.seed`` and the image's position. What changes between two measurements is then the
+model alone. The images are encoded once, without flips, crops at random or caption changes.
+The training loss's options (loss_type, masked_loss, min-SNR, debiased or v-scaled weights,
+noise offset, multires noise, timestep bounds) do not apply: it is the plain mean squared error,
+comparable between runs that set them differently.
+
+It runs every ``training.validate_every_n_steps`` steps (unset: at every epoch's end) and at the
+last step, with the model in eval mode and no gradients, then puts the train modes back. Its
+randomness comes from its own generators, so the training run is the same with or without it.
+The result goes out as a :class:`~trainer.events.Validation` event, a log line and, with
+TensorBoard logging, the ``val_loss`` scalar.
+"""
+
+from __future__ import annotations
+
+import random
+import weakref
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from trainer.events import Validation
+
+# Where on the noise schedule each image is scored (fractions of num_train_timesteps).
+TIMESTEP_FRACTIONS = (0.1, 0.3, 0.5, 0.7, 0.9)
+SEED_OFFSET = 7919  # keeps the validation noise apart from anything seeded by training.seed
+_SETS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # TrainingData -> ValidationSet
+
+
+@dataclass
+class ValidationItem:
+    latents: torch.Tensor  # [1, C, h, w] on the CPU, encoded once
+    caption: str
+    size_ids: torch.Tensor  # [1, 6]
+    noise: torch.Tensor  # [K, C, h, w], fixed
+
+
+@dataclass
+class ValidationSet:
+    items: list[ValidationItem]
+    timesteps: torch.Tensor  # [K]
+
+
+def fixed_timesteps(num_train_timesteps: int) -> torch.Tensor:
+    return torch.tensor([int(f * (num_train_timesteps - 1)) for f in TIMESTEP_FRACTIONS],
+                        dtype=torch.long)
+
+
+def validation_data(data: Any, cfg: Any) -> Any:
+    """The held-out images as a TrainingData without per-step changes (no flips, no crops at
+    random, no caption shuffle or dropout)."""
+    from trainer.data import TrainingData
+    from trainer.data.captions import CaptionOptions
+
+    held = TrainingData(list(data.held_out), cfg, data.train_dir)
+    held.flip_aug = held.random_crop = False
+    ds = cfg.dataset
+    held.caption_options = CaptionOptions(prefix=ds.caption_prefix, suffix=ds.caption_suffix)
+    held.steady()  # the same for a dataset TOML's per-subset options
+    return held
+
+
+def build_set(data: Any, model: Any, cfg: Any) -> ValidationSet:
+    """Encode the validation images once and draw their fixed noise."""
+    from trainer.run.step import encode_images
+
+    held = validation_data(data, cfg)
+    seed = cfg.training.seed
+    timesteps = fixed_timesteps(model.noise_scheduler.config.num_train_timesteps)
+    items = []
+    for index in range(held.num_images):
+        batch = held._batch([index], random.Random(f"{seed}:validation:{index}"))
+        with torch.no_grad():
+            latents = encode_images(model.vae, batch.pixels).float().cpu()
+        generator = torch.Generator().manual_seed(seed + SEED_OFFSET + index)
+        noise = torch.randn((len(timesteps), *latents.shape[1:]), generator=generator)
+        items.append(ValidationItem(latents, batch.captions[0], batch.size_ids, noise))
+    return ValidationSet(items, timesteps)
+
+
+def _item_loss(item: ValidationItem, timesteps: torch.Tensor, model: Any, cfg: Any,
+               device: Any, dtype: torch.dtype, chunk: int) -> float:
+    from trainer.models.conditioning import family_of
+    from trainer.objectives.losses import diffusion_loss, target_for
+    from trainer.run.step import encode_captions
+
+    family, scheduler = family_of(model), model.noise_scheduler
+    total = 0.0
+    for start in range(0, len(timesteps), chunk):
+        t = timesteps[start:start + chunk].to(device)
+        n = len(t)
+        latents = item.latents.to(device, dtype).expand(n, -1, -1, -1)
+        noise = item.noise[start:start + n].to(device, dtype)
+        noisy = scheduler.add_noise(latents, noise, t)
+        text = encode_captions(model, [item.caption] * n, cfg.model.clip_skip)
+        added = family.added_conditioning(text, item.size_ids.expand(n, -1))
+        pred = model.unet(noisy, t, text.hidden, added_cond_kwargs=added).sample
+        target = target_for(model.prediction_type, latents, noise, t, scheduler)
+        total += diffusion_loss(pred, target).item() * n
+    return total / len(timesteps)
+
+
+def _networks(model: Any) -> list[Any]:
+    from trainer.models.conditioning import family_of
+
+    return [model.unet] + [enc for _, enc, _ in family_of(model).text_encoders(model)]
+
+
+def validation_loss(vset: ValidationSet, model: Any, cfg: Any, device: Any,
+                    dtype: torch.dtype) -> float:
+    """The mean loss over the validation images and the fixed timesteps, in eval mode."""
+    modes = [(m, m.training) for m in _networks(model)]
+    chunk = max(1, cfg.training.train_batch_size)
+    try:
+        for module, _ in modes:
+            module.eval()
+        with torch.no_grad():
+            losses = [_item_loss(item, vset.timesteps, model, cfg, device, dtype, chunk)
+                      for item in vset.items]
+    finally:
+        for module, was_training in modes:
+            module.train(was_training)
+    return sum(losses) / len(losses)
+
+
+def due(cfg: Any, step: int, steps_per_epoch: int, total_steps: int) -> bool:
+    """Whether the validation loss is measured after ``step``."""
+    every = cfg.training.validate_every_n_steps or steps_per_epoch
+    return step % every == 0 or step == total_steps
+
+
+def maybe_validate(session: Any, step: int, out: Any) -> Optional[float]:
+    """Measure and report the validation loss when it is due; None when not (or no images).
+    ``out`` is the loop's reporter (``log`` and ``emit``)."""
+    data, cfg, plan = session.data, session.cfg, session.plan
+    if data is None or not data.held_out or not due(cfg, step, plan.steps_per_epoch,
+                                                   plan.total_steps):
+        return None
+    vset = _SETS.get(data)
+    if vset is None:
+        vset = _SETS[data] = build_set(data, session.model, cfg)
+    from trainer.optim.lr import averaged_weights  # schedule-free: the averaged weights
+
+    with averaged_weights(session.optimizer):
+        loss = validation_loss(vset, session.model, cfg, session.accelerator.device,
+                               session.dtype)
+    out.emit(Validation(step=step, loss=loss, images=len(vset.items)))
+    out.log(f"Validation loss at step {step}: {loss:.5f} ({len(vset.items)} image(s) x "
+            f"{len(vset.timesteps)} fixed timesteps)")
+    if cfg.training.log_with != "none":
+        session.accelerator.log({"val_loss": loss}, step=step)
+    return loss
