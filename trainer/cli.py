@@ -114,7 +114,10 @@ def _example_config(args: argparse.Namespace) -> int:
             return 1
         print(f"{EXAMPLE_PATH} is up to date")
         return 0
-    EXAMPLE_PATH.write_text(text, encoding="utf-8")
+    from trainer.system.safe_write import atomic_path
+
+    with atomic_path(EXAMPLE_PATH) as tmp:  # a reader never sees it half-written
+        tmp.write_text(text, encoding="utf-8")
     print(f"wrote {EXAMPLE_PATH}")
     return 0
 
