@@ -1,14 +1,23 @@
 #!/usr/bin/env bash
-# Create the virtual environment (.venv in the checkout) and install the right PyTorch build.
+# Create the virtual environment (.venv in the checkout) with the locked packages for this
+# machine's PyTorch build.
 #
-#   ./setup.sh [--use-rocm | --use-ipex | --cuda | --cpu] [--dev] [--force] [--dry-run]
+#   ./setup.sh [--use-rocm | --use-ipex | --cuda | --cpu] [--dev] [--latest | --lowest] [--force]
+#              [--dry-run]
 #
 # Without a platform flag it probes, in this order: ROCm (rocminfo on the PATH or
 # /opt/rocm/bin/rocminfo), an Intel GPU runtime (sycl-ls, xpu-smi or the Level Zero GPU driver),
-# NVIDIA (nvidia-smi lists a GPU), else the CPU. --dev adds the test and lint tools.
-# Safe to run twice: a venv whose install completed for the same platform and requirements is
+# NVIDIA (nvidia-smi lists a GPU), else the CPU. It installs torch for that platform
+# (requirements_linux_<platform>.txt), then locks/<platform>.txt: exact versions with hashes,
+# the set the tests passed with. --dev adds the test and lint tools (locks/dev.txt).
+# --latest installs the newest versions that requirements*.txt's ranges allow instead (for
+# whoever upgrades; README, "Upgrading dependencies"); --lowest the lowest versions they allow
+# for each requirement (uv's lowest-direct; scripts/lowest.sh checks the lower bounds with it).
+# Safe to run twice: a venv whose install completed for the same platform, mode and files is
 # left alone (--force reinstalls). A failed install leaves no venv that looks valid.
 # --dry-run only says which platform it would install for, and why.
+# The installer is uv, which setup.sh puts into the venv with pip (locks/bootstrap.txt); it
+# gets the package sources of your pip configuration (scripts/uv_env.py).
 set -euo pipefail
 
 cd "$(dirname "$0")"
@@ -16,9 +25,8 @@ ROOT=$(pwd)
 VENV=${KOHYA_VENV:-$ROOT/.venv}
 PYTHON=${PYTHON:-python3}
 MARKER=$VENV/.kohya-setup-ok
-TORCH_VERSION=2.13.0
 
-platform="" reason="" dev=0 force=0 dry=0
+platform="" reason="" dev=0 mode=lock force=0 dry=0
 for arg in "$@"; do
   case "$arg" in
     --use-rocm) platform=rocm reason="--use-rocm was given" ;;
@@ -26,9 +34,11 @@ for arg in "$@"; do
     --cuda) platform=cuda reason="--cuda was given" ;;
     --cpu) platform=cpu reason="--cpu was given" ;;
     --dev) dev=1 ;;
+    --latest) mode=latest ;;
+    --lowest) mode=lowest ;;
     --force) force=1 ;;
     --dry-run) dry=1 ;;
-    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown option $arg (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -53,28 +63,38 @@ if [ -z "$platform" ]; then
     platform=cpu reason="no ROCm, Intel GPU runtime or NVIDIA GPU was found"
   fi
 fi
-echo "setup.sh: installing for $platform ($reason)"
-[ "$dry" = 1 ] && exit 0
+announce() {
+  local how=""
+  [ "$mode" = latest ] && how=", newest versions (--latest)"
+  [ "$mode" = lowest ] && how=", lowest versions (--lowest)"
+  echo "setup.sh: installing for $platform ($reason)$how"
+}
+[ "$dry" = 1 ] && { announce; exit 0; }
 
-case "$platform" in
-  rocm) torch_req=(-r requirements_linux_rocm.txt) ;;
-  ipex) torch_req=(-r requirements_linux_ipex.txt) ;;
-  *) torch_req=("torch==$TORCH_VERSION") ;;
-esac
-reqs=(requirements.txt)
-[ "$dev" = 1 ] && reqs+=(requirements_dev.txt)
-stamp="$platform dev=$dev $(cat "${reqs[@]}" requirements_linux_*.txt pyproject.toml | sha256sum | cut -c1-16)"
+torch_file=requirements_linux_$platform.txt
+torch_version=$(sed -n 's/^torch==\([^ ;#]*\).*/\1/p' "$torch_file" | head -n 1)
+if [ "$mode" = lock ]; then
+  reqs=("locks/$platform.txt")
+  [ "$dev" = 1 ] && reqs+=(locks/dev.txt)
+else
+  reqs=(requirements.txt)
+  [ "$dev" = 1 ] && reqs+=(requirements_dev.txt)
+fi
+stamp="$platform dev=$dev $mode $(cat "${reqs[@]}" "$torch_file" locks/bootstrap.txt pyproject.toml \
+  | sha256sum | cut -c1-16)"
 
 if [ "$force" = 0 ] && [ -f "$MARKER" ] && [ "$(cat "$MARKER")" = "$stamp" ]; then
-  echo "setup.sh: $VENV is already set up for $platform; nothing to do (--force reinstalls)"
+  echo "setup.sh: $VENV is already set up for $platform ($mode); nothing to do (--force reinstalls)"
   exit 0
 fi
+announce
 
 fresh=0
 if [ ! -x "$VENV/bin/python" ]; then
   fresh=1
-  "$PYTHON" -m venv "$VENV" || { echo "setup.sh: could not create $VENV with $PYTHON" >&2;
-                                  rm -rf "$VENV"; exit 1; }
+  # no pip from ensurepip here (seconds): the bootstrap below installs the locked pip with uv
+  "$PYTHON" -m venv "$VENV" --without-pip || { echo "setup.sh: could not create $VENV with $PYTHON" >&2;
+                                                rm -rf "$VENV"; exit 1; }
 fi
 rm -f "$MARKER"
 
@@ -85,19 +105,61 @@ fail() {
   exit 1
 }
 
-PIP=("$VENV/bin/python" -m pip)
-if [ "$platform" = rocm ]; then
-  # ROCm wheels are several GB: an old pip is slow and memory-hungry on them.
-  "${PIP[@]}" install --upgrade pip || fail "upgrading pip"
+# uv and pip into the venv, at their locked versions: with the pip of $PYTHON when it can install
+# into another interpreter (pip >= 22.3), else with the venv's own pip from ensurepip.
+uv_version=$(sed -n 's/^uv==\([^ ;]*\).*/\1/p' locks/bootstrap.txt)
+UV=$VENV/bin/uv
+if [ "$("$UV" --version 2>/dev/null)" != "uv $uv_version" ]; then
+  echo "setup.sh: installing uv $uv_version into the venv (locks/bootstrap.txt)"
+  "$PYTHON" -m pip --python "$VENV/bin/python" install -q --require-hashes \
+      -r locks/bootstrap.txt >/dev/null 2>&1 \
+    || { "$VENV/bin/python" -m ensurepip -q >/dev/null 2>&1 \
+         && "$VENV/bin/python" -m pip install -q --require-hashes -r locks/bootstrap.txt; } \
+    || fail "installing uv (locks/bootstrap.txt)"
 fi
-echo "setup.sh: installing PyTorch (${torch_req[*]})"
-"${PIP[@]}" install "${torch_req[@]}" || fail "installing PyTorch for $platform"
-echo "setup.sh: installing the dependencies (${reqs[*]})"
+eval "$("$VENV/bin/python" scripts/uv_env.py)" || fail "reading pip's configuration for uv"
+UV_PIP=("$UV" pip install --python "$VENV/bin/python")
+
+echo "setup.sh: installing PyTorch $torch_version for $platform"
+case "$platform/$mode" in
+  cuda/lock) ;;  # locks/cuda.txt holds PyPI's torch and the CUDA libraries it pins, hashed
+  cpu/*)
+    # a CPU build that your own package sources hold (pip's or uv's find-links and indexes: a
+    # wheelhouse, a mirror) first; else PyTorch's CPU index. Never PyPI's Linux torch: its
+    # CUDA libraries are 3 GB that the CPU does not use.
+    "${UV_PIP[@]}" -q "torch==$torch_version+cpu" >/dev/null 2>&1 \
+      || "${UV_PIP[@]}" -r "$torch_file" || fail "installing PyTorch for cpu ($torch_file)" ;;
+  *) "${UV_PIP[@]}" -r "$torch_file" || fail "installing PyTorch for $platform ($torch_file)" ;;
+esac
+
+# torch stays the build just installed: its exact version, local label included (2.13.0+cpu),
+# constrains the rest; with "torch==2.13.0" an --upgrade would swap in PyPI's CUDA build.
+installed=$torch_version  # cuda/lock: torch comes with the lock
+if [ "$platform/$mode" != cuda/lock ]; then
+  installed=$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("torch"))') \
+    || fail "reading the version of the torch just installed"
+fi
+pin_dir=$(mktemp -d)
+trap 'rm -rf "$pin_dir"' EXIT
+echo "torch==$installed" > "$pin_dir/torch.txt"
+constraints=(-c "$pin_dir/torch.txt")
+for c in ${UV_CONSTRAINT:-}; do constraints+=(-c "$c"); done
 req_args=()
 for r in "${reqs[@]}"; do req_args+=(-r "$r"); done
-"${PIP[@]}" install "${req_args[@]}" || fail "installing ${reqs[*]}"
-"${PIP[@]}" install --no-deps -e . || fail "installing the project itself"
-"$VENV/bin/python" -c "import torch, diffusers, transformers, peft, accelerate, gradio" \
-  || fail "checking that the installed packages import"
+echo "setup.sh: installing ${reqs[*]}"
+case "$mode" in
+  lock) how=() ;;
+  latest) how=(--upgrade) ;;
+  lowest) how=(--upgrade --resolution lowest-direct) ;;
+esac
+"${UV_PIP[@]}" "${how[@]}" "${constraints[@]}" "${req_args[@]}" || fail "installing ${reqs[*]}"
+# the project itself, editable; setuptools is in the venv (torch needs it), so no build venv
+"${UV_PIP[@]}" -q --no-deps --no-build-isolation -e . \
+  || "${UV_PIP[@]}" -q --no-deps -e . || fail "installing the project itself"
+# The check: every installed package's requirements are met (uv pip check), and torch, the one
+# build that depends on the machine, loads. (Importing diffusers, transformers, peft and gradio
+# as well took 15 s on 2 cores, which the app's own start pays again right after.)
+"$UV" pip check --python "$VENV/bin/python" -q || fail "checking the installed packages' requirements"
+"$VENV/bin/python" -c "import torch" || fail "checking that torch loads"
 echo "$stamp" > "$MARKER"
 echo "setup.sh: done. torch $("$VENV/bin/python" -c 'import torch; print(torch.__version__)') in $VENV"

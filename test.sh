@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # Run the whole test suite (CPU, tiny models, a real headless Chromium for the browser tests),
-# one pytest worker per core.
-# Runs ./setup.sh --dev first when the test tools are missing, and installs Debian's chromium
-# when it is missing and apt-get can be used. Extra arguments go to pytest.
+# one pytest worker per core, on the locked packages.
+# Runs ./setup.sh --dev first (it does nothing when the venv already holds the current locks
+# and the test tools; a venv that `./setup.sh --latest` or `--lowest` made keeps its versions),
+# and installs Debian's chromium when it is missing and apt-get can be used. Extra arguments go
+# to pytest.
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${KOHYA_VENV:-$PWD/.venv}
-if ! grep -q "dev=1" "$VENV/.kohya-setup-ok" 2>/dev/null; then
-  ./setup.sh --dev
-fi
+mode=()
+case "$(cut -d' ' -f3 "$VENV/.kohya-setup-ok" 2>/dev/null)" in
+  latest) mode=(--latest) ;;
+  lowest) mode=(--lowest) ;;
+esac
+./setup.sh --dev "${mode[@]}"
 if [ ! -x /usr/bin/chromium ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "test.sh: installing Debian's chromium for the browser tests"
