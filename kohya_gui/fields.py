@@ -34,8 +34,8 @@ UNSET_LABEL = "(unset)"
 TRISTATE = ("on", "off")  # the choices of an Optional[bool]
 SECTION_TITLES = {
     "": "Mode", "model": "Model", "dataset": "Dataset", "network": "Network",
-    "optimizer": "Optimizer", "training": "Training", "sampling": "Sample images",
-    "saving": "Saving",
+    "optimizer": "Optimizer", "training": "Training",
+    "flow": "Flow matching (FLUX.1, SD 3.5)", "sampling": "Sample images", "saving": "Saving",
 }
 
 

@@ -112,7 +112,7 @@ def test_every_field_has_help_hints_and_optional_defaults_none():
         optional = type(None) in typing.get_args(info.annotation)
         if optional:  # absent from TOML means None, so an Optional default must be None
             assert info.default is None, f"{section}.{name}"
-    assert set(SECTIONS) == {"model", "dataset", "network", "optimizer", "training",
+    assert set(SECTIONS) == {"model", "dataset", "network", "optimizer", "training", "flow",
                              "sampling", "saving"}
 
 

@@ -83,6 +83,12 @@ COMPANIONS = {"network.conv_alpha": {"network.conv_dim": 4},
               "training.masked_loss": {"dataset.alpha_mask": True},
               "training.adaptive_noise_scale": {"training.noise_offset": 0.1},
               "training.noise_offset_random_strength": {"training.noise_offset": 0.1},
+              # FLUX.1 / SD 3.5 files and options: refused for a model of another family
+              **{f"model.{name}": {"model.pretrained_model_name_or_path": "embedded:tiny-flux"}
+                 for name in ("ae", "clip_l", "t5xxl")},
+              "model.clip_g": {"model.pretrained_model_name_or_path": "embedded:tiny-sd3"},
+              "network.train_t5xxl": {"model.pretrained_model_name_or_path": "embedded:tiny-flux",
+                                      "network.train_text_encoder": True},
               # LyCORIS options: refused for a network_type that does not read them
               **{f"network.{name}": {"network.network_type": "lokr"}
                  for name in ("factor", "decompose_both", "use_tucker", "use_scalar",

@@ -16,12 +16,16 @@ in a process that may never train. Modules inside import their siblings, not thi
 
 from trainer.config.schema import (  # noqa: F401 - the schema's public names
     EMBEDDED_DATASET,
+    EMBEDDED_FLUX,
     EMBEDDED_MODEL,
+    EMBEDDED_SD3,
     EMBEDDED_SDXL,
+    FAMILIES,
     MODES,
     SCHEMA_VERSION,
     SECTIONS,
     DatasetSection,
+    FlowSection,
     Mode,
     ModelSection,
     NetworkSection,

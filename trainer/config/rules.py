@@ -11,9 +11,12 @@ from typing import Any
 
 def mode_checks(cfg: Any) -> None:
     """Combinations of settings that cannot work, refused with the reason."""
+    from trainer.config.family_rules import family_checks
+
     net, ds = cfg.network, cfg.dataset
     dataset_config_checks(cfg)
     network_checks(cfg)
+    family_checks(cfg)
     if cfg.mode == "textual_inversion":
         if not net.token_string or not net.token_string.strip():
             raise ValueError("network.token_string is required in textual_inversion mode")

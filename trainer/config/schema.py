@@ -17,8 +17,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trainer.config.sections.base import (  # noqa: F401 - the schema's public names
     EMBEDDED_DATASET,
+    EMBEDDED_FLUX,
     EMBEDDED_MODEL,
+    EMBEDDED_SD3,
     EMBEDDED_SDXL,
+    FAMILIES,
     MODES,
     SCHEMA_VERSION,
     Mode,
@@ -27,6 +30,7 @@ from trainer.config.sections.base import (  # noqa: F401 - the schema's public n
     setting,
 )
 from trainer.config.sections.dataset import DatasetSection
+from trainer.config.sections.flow import FlowSection
 from trainer.config.sections.model import ModelSection
 from trainer.config.sections.network import NetworkSection, NetworkType  # noqa: F401
 from trainer.config.sections.optimizer import (  # noqa: F401
@@ -43,6 +47,7 @@ SECTIONS: dict[str, type[Section]] = {
     "network": NetworkSection,
     "optimizer": OptimizerSection,
     "training": TrainingSection,
+    "flow": FlowSection,
     "sampling": SamplingSection,
     "saving": SavingSection,
 }
@@ -61,6 +66,7 @@ class TrainConfig(BaseModel):
     network: NetworkSection = Field(default_factory=NetworkSection)
     optimizer: OptimizerSection = Field(default_factory=OptimizerSection)
     training: TrainingSection = Field(default_factory=TrainingSection)
+    flow: FlowSection = Field(default_factory=FlowSection)
     sampling: SamplingSection = Field(default_factory=SamplingSection)
     saving: SavingSection = Field(default_factory=SavingSection)
 

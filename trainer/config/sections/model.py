@@ -5,18 +5,21 @@ from __future__ import annotations
 from typing import Literal, Optional
 
 from trainer.config.sections.base import EMBEDDED_MODEL, Section, setting
+from trainer.config.sections.flow import FLOW_MODES
 
 
 class ModelSection(Section):
     pretrained_model_name_or_path: str = setting(
         EMBEDDED_MODEL,
-        "Base model: a diffusers folder, a .safetensors/.ckpt file (SD 1.x, 2.x, SDXL), or "
-        "the embedded embedded:tiny-sd15 / embedded:tiny-sdxl.",
+        "Base model: a diffusers folder (SD 1.x, 2.x, SDXL, FLUX.1, SD 3.5), a .safetensors/"
+        ".ckpt file (SD 1.x, 2.x, SDXL), or an embedded tiny model: embedded:tiny-sd15, "
+        "embedded:tiny-sdxl, embedded:tiny-flux, embedded:tiny-sd3.",
         widget="dir",
         label="Base model",
     )
-    model_version: Literal["auto", "sd1", "sd2", "sdxl"] = setting(
-        "auto", "Architecture of the base model; auto reads it from the model's configs.",
+    model_version: Literal["auto", "sd1", "sd2", "sdxl", "flux1", "sd3"] = setting(
+        "auto", "Architecture of the base model; auto reads it from the model's configs "
+        "(flux1: FLUX.1 dev or schnell; sd3: SD 3 and 3.5).",
         advanced=True,
         label="Model family",
     )
@@ -47,6 +50,26 @@ class ModelSection(Section):
         advanced=True, widget="dir",
         label="Component config folder",
     )
+    ae: Optional[str] = setting(
+        None, "FLUX.1: the autoencoder file (ae.safetensors) for a transformer-only single "
+        "file (sd-scripts' --ae).", advanced=True, widget="file",
+        families=("flux1",), modes=FLOW_MODES, label="Autoencoder file (ae)")
+    clip_l: Optional[str] = setting(
+        None, "FLUX.1 / SD 3.5: the CLIP-L text encoder file for a single file without it "
+        "(sd-scripts' --clip_l).", advanced=True, widget="file",
+        families=("flux1", "sd3"), modes=FLOW_MODES, label="CLIP-L file")
+    clip_g: Optional[str] = setting(
+        None, "SD 3.5: the CLIP-G text encoder file for a single file without it "
+        "(sd-scripts' --clip_g).", advanced=True, widget="file",
+        families=("sd3",), modes=FLOW_MODES, label="CLIP-G file")
+    t5xxl: Optional[str] = setting(
+        None, "FLUX.1 / SD 3.5: the T5-XXL text encoder file for a single file without it "
+        "(sd-scripts' --t5xxl).", advanced=True, widget="file",
+        families=("flux1", "sd3"), modes=FLOW_MODES, label="T5-XXL file")
+    t5xxl_max_token_length: Optional[int] = setting(
+        None, "Tokens of T5 per caption; unset: 512 for FLUX.1-dev, 256 for schnell and "
+        "SD 3.5 (sd-scripts' defaults).", advanced=True, ge=1, le=512,
+        families=("flux1", "sd3"), modes=FLOW_MODES, label="T5 max tokens")
     cache_as_diffusers: bool = setting(
         False, "Keep a diffusers copy of a single-file model in the studio's data folder, "
         "loaded faster next time; off writes nothing.", advanced=True,

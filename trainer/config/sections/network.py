@@ -16,6 +16,14 @@ class NetworkSection(Section):
         "(network_module lycoris.kohya); ia3 has no rank and ignores network_dim/alpha.",
         modes=("lora",), label="Network type",
     )
+    train_blocks: Literal["all", "single", "double"] = setting(
+        "all", "FLUX.1: the transformer blocks that get LoRA: all, only the single-stream or "
+        "only the double-stream blocks (sd-scripts' network_args train_blocks).",
+        modes=("lora",), advanced=True, families=("flux1",), label="Blocks (FLUX.1)")
+    train_t5xxl: bool = setting(
+        False, "FLUX.1 / SD 3.5: also train a LoRA on T5-XXL (with the text-encoder learning "
+        "rate; needs network.train_text_encoder); its outputs then cannot be cached.",
+        modes=("lora",), advanced=True, families=("flux1", "sd3"), label="Train T5-XXL")
     network_dim: int = setting(8, "LoRA rank.", modes=("lora",), ge=1, le=1024,
                                label="Network rank (dim)")
     network_alpha: float = setting(
