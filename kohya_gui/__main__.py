@@ -1,18 +1,23 @@
 """``python -m kohya_gui`` / ``kohya-gui``: start the web UI.
 
 It listens on 127.0.0.1 unless told otherwise. Listening on any other address exposes training
-jobs and the output folder to the network, so that needs a username and a password.
+jobs and the output folder to the network, so that needs a username and a password. The
+credentials can come from the environment (``KOHYA_GUI_USERNAME``, ``KOHYA_GUI_PASSWORD``) or a
+file (``--auth-file``: one ``user:password`` line) instead of the command line, where ``ps``
+shows them to every user of the machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import ipaddress
+import logging
 import os
 import sys
 
 LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
 PASSWORD_ENV = "KOHYA_GUI_PASSWORD"
+USERNAME_ENV = "KOHYA_GUI_USERNAME"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -22,9 +27,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "--username and --password)")
     parser.add_argument("--port", type=int, default=7860, help="port (default 7860)")
     parser.add_argument("--inbrowser", action="store_true", help="open the page in a browser")
-    parser.add_argument("--username", help="login name")
-    parser.add_argument("--password", help=f"login password (or set ${PASSWORD_ENV})")
+    parser.add_argument("--username", help=f"login name (or set ${USERNAME_ENV})")
+    parser.add_argument("--password", help=f"login password (visible in `ps`: prefer "
+                                           f"${PASSWORD_ENV} or --auth-file)")
+    parser.add_argument("--auth-file", metavar="FILE",
+                        help="a file holding one line 'username:password' (keep it chmod 600)")
+    parser.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                        help="another name this server may be reached by (a Host header "
+                             "other than localhost, 127.0.0.1, [::1] and --listen is refused; "
+                             "repeatable)")
     return parser.parse_args(argv)
+
+
+def read_auth_file(path: str) -> tuple[str | None, str | None, str | None]:
+    """(username, password, None) from an --auth-file, or (None, None, why not)."""
+    try:
+        text = open(path, encoding="utf-8").read(4096)
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, None, f"--auth-file {path}: cannot read it ({exc})"
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    user, sep, password = line.partition(":")
+    if not sep or not user.strip() or not password:
+        return None, None, f"--auth-file {path}: write one line 'username:password'"
+    return user.strip(), password, None
 
 
 def is_loopback(addr: str) -> bool:
@@ -39,10 +64,17 @@ def is_loopback(addr: str) -> bool:
 
 def check_access(args: argparse.Namespace) -> tuple[tuple[str, str] | None, str | None]:
     """(auth, None) when the settings are safe, else (None, why not)."""
+    username = args.username or os.environ.get(USERNAME_ENV) or None
     password = args.password or os.environ.get(PASSWORD_ENV) or None
-    if bool(args.username) != bool(password):
+    if getattr(args, "auth_file", None):
+        if args.username or args.password:
+            return None, "give the login either in --auth-file or as --username/--password"
+        username, password, problem = read_auth_file(args.auth_file)
+        if problem:
+            return None, problem
+    if bool(username) != bool(password):
         return None, "give both --username and --password (or neither)"
-    auth = (args.username, password) if args.username else None
+    auth = (username, password) if username else None
     if auth is None and not is_loopback(args.listen):
         return None, (
             f"refusing to listen on {args.listen} without a login: anyone who can reach this "
@@ -59,10 +91,20 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"kohya-gui: {problem}", file=sys.stderr)
         return 2
+    if args.password:
+        print(f"kohya-gui: the password on the command line is visible to every user of this "
+              f"machine (ps); prefer ${PASSWORD_ENV} or --auth-file", file=sys.stderr)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     from kohya_gui.app import build_app, launch
+    from kohya_gui.history import HistoryLocked
 
-    demo = build_app()
-    launch(demo, listen=args.listen, port=args.port, auth=auth, inbrowser=args.inbrowser)
+    try:
+        demo = build_app()
+    except HistoryLocked as exc:
+        print(f"kohya-gui: {exc}", file=sys.stderr)
+        return 2
+    launch(demo, listen=args.listen, port=args.port, auth=auth, inbrowser=args.inbrowser,
+           allowed_hosts=tuple(args.allowed_host))
     return 0
 
 

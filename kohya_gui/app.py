@@ -147,10 +147,15 @@ def _api(demo: Any, runner: Any) -> None:
 
 def launch(demo: Any, *, listen: str = "127.0.0.1", port: int | None = 7860,
            auth: tuple[str, str] | None = None, inbrowser: bool = False,
-           prevent_thread_lock: bool = False, quiet: bool = False) -> Any:
-    """Start the server with the studio's settings; returns gradio's (app, url, share url)."""
+           prevent_thread_lock: bool = False, quiet: bool = False,
+           allowed_hosts: tuple[str, ...] = ()) -> Any:
+    """Start the server with the studio's settings; returns gradio's (app, url, share url).
+    Every request passes :mod:`kohya_gui.guard` first (Host, Origin, login, failed logins)."""
+    from kohya_gui import guard
+
     configure_environment()
     return demo.launch(
+        app_kwargs={"middleware": [guard.middleware(listen, auth is not None, allowed_hosts)]},
         server_name=listen, server_port=port, auth=auth, inbrowser=inbrowser, share=False,
         prevent_thread_lock=prevent_thread_lock, quiet=quiet,
         enable_monitoring=False, allowed_paths=[default_output_dir()],

@@ -23,6 +23,10 @@ HISTORY_FILE = "jobs.json"
 RESUMABLE = ("stopped", "failed", "finished")
 
 
+class HistoryLocked(RuntimeError):
+    """Another studio process holds the data folder's job history."""
+
+
 def default_path() -> Path:
     from trainer.config.paths import data_home
 
