@@ -120,7 +120,8 @@ def test_failed_logins_are_rate_limited_and_logged(gui_home, caplog):  # noqa: F
                                  timeout=10)
         assert blocked.status_code == 429 and "Too many failed logins" in blocked.text
         assert int(blocked.headers["retry-after"]) > 0
-        failures = [r.getMessage() for r in caplog.records if r.getMessage().startswith("failed login")]
+        messages = [r.getMessage() for r in caplog.records]
+        failures = [m for m in messages if m.startswith("failed login")]
         assert len(failures) == guard.LOGIN_ATTEMPTS and "127.0.0.1" in failures[-1]
         assert any("refused" in r.getMessage() for r in caplog.records)
     finally:
