@@ -70,7 +70,8 @@ def sd3_target_modules(transformer: torch.nn.Module, parts: Optional[Iterable[st
     out = []
     for name, module in unwrap(transformer).named_modules():
         match = pattern.match(name)
-        if match and match.group(1) in suffixes and isinstance(module, torch.nn.Linear):
+        linear = getattr(module, "base_layer", module)  # a peft layer wraps the Linear
+        if match and match.group(1) in suffixes and isinstance(linear, torch.nn.Linear):
             out.append(name)
     return sorted(out)
 

@@ -3,7 +3,8 @@
 The report gives the network type (from the tensors' suffixes, refined by ``ss_network_module``
 and ``ss_network_args`` as sd-scripts and LyCORIS write them), the model family (from
 ``ss_base_model_version`` / ``modelspec.architecture``, else from the key names and the layer
-widths: a cross-attention input of 768 is SD 1.x, 1024 SD 2.x, 2048 SDXL), rank and alpha per
+widths: a cross-attention input of 768 is SD 1.x, 1024 SD 2.x, 2048 SDXL; FLUX.1's BFL block
+names and SD 3.5's joint / ``transformer.*`` blocks tell the flow families), rank and alpha per
 module, the modules per model part, each module's update norm (:meth:`LoraModule.norm`), and
 the training facts of the ``ss_*`` / ``modelspec.*`` metadata in readable form
 (:mod:`trainer.tools.metadata_view`).
@@ -13,21 +14,31 @@ from __future__ import annotations
 
 import collections
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from trainer.tools.lora_file import LoraFile, LoraModule, read_lora
-from trainer.tools.metadata_view import training_facts, training_tags
+from trainer.tools.metadata_view import shown, training_facts, training_tags
 from trainer.tools.options import InspectOptions
 
-FAMILY_NAMES = {"sd1": "SD 1.x", "sd2": "SD 2.x", "sdxl": "SDXL"}
+FAMILY_NAMES = {"sd1": "SD 1.x", "sd2": "SD 2.x", "sdxl": "SDXL", "flux1": "FLUX.1",
+                "sd3": "SD 3 / 3.5"}
 CROSS_ATTENTION_WIDTHS = {768: "sd1", 1024: "sd2", 2048: "sdxl"}
 TEXT_WIDTHS = {768: "sd1", 1024: "sd2"}
 PART_NAMES = {"unet": "UNet", "te": "text encoder", "te1": "text encoder 1",
-              "te2": "text encoder 2", "other": "other"}
+              "te2": "text encoder 2", "transformer": "transformer", "te3": "T5",
+              "other": "other"}
 KIND_NAMES = {"lora": "LoRA", "loha": "LoHa", "lokr": "LoKr", "full": "full weight difference",
               "ia3": "(IA)^3", "unknown": "unknown"}
+METADATA_SHOWN = 2_000  # characters of each raw metadata value in the report (a file's tag
+# frequency can be megabytes); the facts and tags are read from the whole values
 SGM_BLOCKS = ("lora_unet_input_blocks_", "lora_unet_middle_block_", "lora_unet_output_blocks_")
+# FLUX.1: BFL names (trainer/export/flux_lora.py); SD 3.5: ours (transformer.*, read as
+# lora_transformer_) and sd-scripts' (joint_blocks)
+FLOW_BLOCKS = {"flux1": ("lora_unet_double_blocks_", "lora_unet_single_blocks_"),
+               "sd3": ("lora_transformer_transformer_blocks_", "lora_unet_joint_blocks_")}
+SD3_VERSIONS = ("medium", "5-medium", "5-large")  # sd-scripts' SD3 ss_base_model_version
 
 
 @dataclass
@@ -80,11 +91,15 @@ def in_features(module: LoraModule) -> Optional[int]:
 def family_from_metadata(meta: dict[str, str]) -> Optional[str]:
     version = meta.get("ss_base_model_version", "")
     arch = meta.get("modelspec.architecture", "")
-    for prefix, family in (("sdxl", "sdxl"), ("sd_v2", "sd2"), ("sd_v1", "sd1")):
+    if version in SD3_VERSIONS:
+        return "sd3"
+    for prefix, family in (("sdxl", "sdxl"), ("sd_v2", "sd2"), ("sd_v1", "sd1"),
+                           ("flux1", "flux1")):
         if version.startswith(prefix):
             return family
     for prefix, family in (("stable-diffusion-xl", "sdxl"), ("stable-diffusion-v2", "sd2"),
-                           ("stable-diffusion-v1", "sd1")):
+                           ("stable-diffusion-v1", "sd1"), ("stable-diffusion-3", "sd3"),
+                           ("flux-1", "flux1")):
         if arch.startswith(prefix):
             return family
     return None
@@ -97,6 +112,9 @@ def family_from_tensors(lora: LoraFile) -> tuple[str, str]:
         dim = lora.embedding["emb_params"].shape[-1]
         return TEXT_WIDTHS.get(dim, "unknown"), f"vectors of width {dim}"
     names = lora.modules
+    for family, prefixes in FLOW_BLOCKS.items():
+        if any(n.startswith(prefixes) for n in names):
+            return family, f"{FAMILY_NAMES[family]} block names ({prefixes[0]}...)"
     if any(m.part in ("te1", "te2") for m in names.values()) or any(
             n.startswith(SGM_BLOCKS) for n in names):
         return "sdxl", "SDXL key names (lora_te1_/lora_te2_, input_blocks)"
@@ -142,7 +160,9 @@ def inspect(opts: InspectOptions) -> InspectReport:
     lora = read_lora(opts.path)
     family, reason = detect_family(lora)
     report = InspectReport(str(lora.path), network_type(lora), family, reason,
-                           metadata=lora.metadata, unknown_keys=lora.unknown)
+                           metadata={shown(k, 200): shown(v, METADATA_SHOWN)
+                                     for k, v in lora.metadata.items()},
+                           unknown_keys=lora.unknown)
     report.embedding = {k: tuple(v.shape) for k, v in lora.embedding.items()}
     report.modules = [ModuleStat(m.name, m.part, m.kind, m.rank, m.alpha, m.norm(), m.is_conv)
                       for m in lora.modules.values()]
@@ -159,12 +179,16 @@ def _summary_line(label: str, values: list[Any]) -> Optional[str]:
     return f"{label}: {common:g}" + ("" if low == high else f" (min {low:g}, max {high:g})")
 
 
-def format_inspect(report: InspectReport, top_modules: int = 10) -> str:
-    """The report as Markdown that reads as plain text in a terminal too."""
+def format_inspect(report: InspectReport, top_modules: int = 10,
+                   escape: Callable[[Any], str] = shown) -> str:
+    """The report as Markdown that reads as plain text in a terminal too. Every value that comes
+    from the file (names, metadata, tags) goes through ``escape``: cut and made printable for a
+    terminal by default; the GUI passes an escape for Markdown."""
+    e = escape
     mods = report.modules
-    lines = [f"### {report.path}", f"- Type: {report.network_type}",
+    lines = [f"### {e(report.path)}", f"- Type: {e(report.network_type)}",
              f"- Family: {FAMILY_NAMES.get(report.family, report.family)} "
-             f"({report.family_reason})"]
+             f"({e(report.family_reason)})"]
     if mods:
         parts = ", ".join(f"{PART_NAMES[p]} {n}" for p, n in report.parts().items())
         lines.append(f"- Modules: {len(mods)} ({parts})")
@@ -175,16 +199,17 @@ def format_inspect(report: InspectReport, top_modules: int = 10) -> str:
             if rank or alpha:
                 lines.append("- " + "; ".join(x for x in (rank, alpha) if x))
     for key, shape in report.embedding.items():
-        lines.append(f"- {key}: {shape[0]} vectors of width {shape[1]}")
+        lines.append(f"- {e(key)}: {shape[0]} vectors of width {shape[1]}")
     if report.unknown_keys:
-        lines.append(f"- {len(report.unknown_keys)} other keys, e.g. {report.unknown_keys[0]}")
+        lines.append(f"- {len(report.unknown_keys)} other keys, e.g. "
+                     f"{e(report.unknown_keys[0])}")
     if report.facts:
-        lines += ["", "#### Training"] + [f"- {k}: {v}" for k, v in report.facts]
+        lines += ["", "#### Training"] + [f"- {k}: {e(v)}" for k, v in report.facts]
     if report.tags:
         lines += ["", "#### Most frequent tags"]
-        lines.append(", ".join(f"{tag} ({n})" for tag, n in report.tags))
+        lines.append(", ".join(f"{e(shown(tag, 60))} ({n})" for tag, n in report.tags))
     if mods:
         lines += ["", f"#### Largest updates (Frobenius norm, of {len(mods)})"]
         for m in sorted(mods, key=lambda m: -m.norm)[:top_modules]:
-            lines.append(f"- {m.name}: {m.norm:.4g}")
+            lines.append(f"- {e(m.name)}: {m.norm:.4g}")
     return "\n".join(lines)

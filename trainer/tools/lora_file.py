@@ -44,8 +44,13 @@ KINDS = {  # suffix -> network type
     "alpha": None, "dora_scale": None,
 }
 PEFT_SUFFIXES = {"lora_A.weight": "lora_down.weight", "lora_B.weight": "lora_up.weight"}
-PEFT_PREFIXES = {"unet.": "lora_unet", "text_encoder.": "lora_te", "text_encoder_2.": "lora_te2"}
-PARTS = (("lora_unet_", "unet"), ("lora_te1_", "te1"), ("lora_te2_", "te2"), ("lora_te_", "te"))
+PEFT_PREFIXES = {"unet.": "lora_unet", "text_encoder.": "lora_te", "text_encoder_2.": "lora_te2",
+                 "transformer.": "lora_transformer"}  # transformer.*: SD 3.5 (export/sd3_lora)
+# FLUX.1 (BFL names, export/flux_lora) and SD3 (sd-scripts' joint_blocks) transformers first
+PARTS = (("lora_unet_double_blocks_", "transformer"), ("lora_unet_single_blocks_", "transformer"),
+         ("lora_unet_joint_blocks_", "transformer"), ("lora_transformer_", "transformer"),
+         ("lora_unet_", "unet"), ("lora_te1_", "te1"), ("lora_te2_", "te2"), ("lora_te3_", "te3"),
+         ("lora_te_", "te"))
 EMBEDDING_KEYS = ({"emb_params"}, {"clip_l", "clip_g"})
 
 
@@ -65,7 +70,8 @@ class LoraModule:
 
     @property
     def part(self) -> str:
-        """unet, te (SD 1.x/2.x), te1 or te2 (SDXL), or other."""
+        """unet, te (SD 1.x/2.x), te1 or te2 (SDXL), transformer and te3 (T5: FLUX.1,
+        SD 3.5), or other."""
         return next((part for prefix, part in PARTS if self.name.startswith(prefix)), "other")
 
     @property
@@ -161,7 +167,7 @@ def split_key(key: str) -> Optional[tuple[str, str]]:
             for prefix, kohya in PEFT_PREFIXES.items():
                 if module.startswith(prefix):
                     path = module[len(prefix):]
-                    path = text_encoder_module_path(path) if kohya != "lora_unet" else path
+                    path = text_encoder_module_path(path) if kohya.startswith("lora_te") else path
                     return kohya_module_name(kohya, path), suffix
     module, _, suffix = key.partition(".")
     if suffix in KINDS or suffix in ("weight", "bias"):
@@ -203,6 +209,13 @@ def read_lora(path: str | Path) -> LoraFile:
     """A LoRA, LyCORIS or embedding file with its metadata."""
     from safetensors import safe_open
 
+    from trainer.models.file_checks import ModelFileError, read_safetensors_header
+
+    if Path(path).expanduser().exists() and str(path).lower().endswith(".safetensors"):
+        try:  # a file from a stranger: its header checked against the file before reading
+            read_safetensors_header(path)
+        except ModelFileError as exc:
+            raise ToolError(f"LoRA file {exc}") from None
     path = existing_file(path, "LoRA file")
     try:
         with safe_open(str(path), "pt") as f:
