@@ -9,7 +9,8 @@ from kohya_gui.tabs.mode_tab import ModeTab, build_mode_tab
 from trainer.methods import AVAILABLE_MODES
 
 MODE = "lora"
-SECTIONS = ["model", "dataset", "network", "optimizer", "training", "sampling", "saving"]
+SECTIONS = ["model", "dataset", "network", "optimizer", "training", "flow", "sampling",
+            "saving"]
 AVAILABLE = MODE in AVAILABLE_MODES
 
 

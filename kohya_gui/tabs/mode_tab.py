@@ -20,9 +20,9 @@ from typing import Any
 
 import gradio as gr
 
-from kohya_gui import advisor_panel, kohya_import, presets
+from kohya_gui import advisor_panel, family_view, kohya_import, presets
 from kohya_gui.dataset_check import check_dataset
-from kohya_gui.fields import Form, build_form, search_updates
+from kohya_gui.fields import Form, build_form
 from kohya_gui.runner import QueueFull, Runner, config_copy_path
 from trainer.config import TrainConfig
 from trainer.config import files as config_io
@@ -110,6 +110,9 @@ def build_mode_tab(mode: str, sections: list[str], runner: Runner, available: bo
         elem_id=f"{mode}-search", elem_classes=["ks-search"])
     tab.form.section_extras["dataset"] = _dataset_extra(tab)
     build_form(tab.form, sections, titles=titles, initial=initial)
+    shown = initial or TrainConfig()
+    family_view.hide_initially(tab.form, family_view.model_family(
+        shown.model.pretrained_model_name_or_path, shown.model.model_version))
     if controls:
         train_button(tab)
         build_controls(tab)
@@ -248,9 +251,5 @@ def wire(tab: ModeTab, runner: Runner, info: Any = None) -> None:
         api_visibility="private", **raw)
     p["train"].click(lambda data: train(form, form.by_path(data), runner, tab.available),
                      form.inputs, p["train_msg"], api_name=f"{mode}_train", **raw)
-    outputs = list(form.components.values()) + [
-        a for pair in form.accordions.values() for a in pair if a is not None]
-    p["search"].change(lambda query: search_updates(form, query or ""), p["search"], outputs,
-                       trigger_mode="always_last", show_progress="hidden",
-                       api_visibility="private")
+    family_view.wire(form, p["search"])  # search, and the fields of the model's family
     tab.parts["refresh_advice"] = advisor_panel.wire(form, p["advisor"], info)
