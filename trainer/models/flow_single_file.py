@@ -130,10 +130,24 @@ def _config_root(config_dir: Optional[Path], component: str, info: FlowFileInfo)
     return info.config_dir()
 
 
+def _check_fits(info: FlowFileInfo, config_file: Path) -> None:
+    """model.config_dir's transformer config must have the header's shapes."""
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    if config.get("out_channels") is None:
+        config["out_channels"] = config.get("in_channels")
+    wrong = [f"{k} {config[k]!r} (the file: {v!r})" for k, v in info.transformer_config.items()
+             if k in config and (list(config[k]) if isinstance(config[k], tuple) else
+                                 config[k]) != v]
+    if wrong:
+        raise ModelLoadError(f"model.config_dir = {str(config_file.parent.parent)!r}: its "
+                             f"transformer/config.json does not fit the file: {', '.join(wrong)}")
+
+
 def _transformer_root(info: FlowFileInfo, config_dir: Optional[Path], stack: ExitStack) -> Path:
     """A folder with ``transformer/config.json``: model.config_dir's, the shipped one, or one
     written now from the header's shapes."""
     if config_dir and (config_dir / "transformer" / "config.json").is_file():
+        _check_fits(info, config_dir / "transformer" / "config.json")
         return config_dir
     if info.published_size:
         return info.config_dir()
