@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kohya_gui.safe_text import md, md_lines
 from trainer.config import TrainConfig
 from trainer.config.plan import plan_steps
 
@@ -64,8 +65,8 @@ def generation_line(cfg: TrainConfig, todo: ClassImages | None, have: int) -> st
         return (f"The class folder holds {have} image(s) (dataset.num_class_images = {wanted}): "
                 f"none to generate.")
     return (f"**{len(todo.indices)} class image(s) will be generated before training** into "
-            f"`{todo.folder}` ({have} there now, dataset.num_class_images = {wanted}), "
-            f"{size}x{size} each, prompt '{todo.prompt}'; the numbers below count them.")
+            f"{md(todo.folder)} ({have} there now, dataset.num_class_images = {wanted}), "
+            f"{size}x{size} each, prompt '{md(todo.prompt)}'; the numbers below count them.")
 
 
 def summary_markdown(cfg: TrainConfig, data: Any, warnings: list[str],
@@ -77,7 +78,7 @@ def summary_markdown(cfg: TrainConfig, data: Any, warnings: list[str],
         plan = plan_steps(batches, tr.gradient_accumulation_steps, tr.max_train_steps,
                           tr.max_train_epochs)
     except ValueError as exc:
-        return f"**The dataset cannot be used:** {exc}"
+        return f"**The dataset cannot be used:** {md(exc, 2_000)}"
     per_epoch = plan.epochs * plan.steps_per_epoch
     lines = list(preface or []) + [
         samples_line(data, tr.train_batch_size, generated)
@@ -92,7 +93,9 @@ def summary_markdown(cfg: TrainConfig, data: Any, warnings: list[str],
         bucket_markdown(data.bucket_table()),
     ]
     if warnings:
-        lines += ["", "Warnings:"] + [f"- {w}" for w in warnings]
+        shown = warnings[:50] + ([f"... and {len(warnings) - 50} more"]
+                                 if len(warnings) > 50 else [])
+        lines += ["", "Warnings:", md_lines(shown, 500)]
     return "\n".join(lines)
 
 
@@ -137,7 +140,9 @@ def check_dataset(cfg: TrainConfig) -> str:
                       else (None, 0))
     except (DatasetError, ClassImageError) as exc:
         problems = getattr(exc, "problems", None) or [str(exc)]
-        return "**The dataset cannot be used:**\n" + "\n".join(f"- {p}" for p in problems)
+        shown = problems[:50] + ([f"... and {len(problems) - 50} more"]
+                                 if len(problems) > 50 else [])
+        return "**The dataset cannot be used:**\n" + md_lines(shown, 500)
     if cfg.dataset.num_class_images is None:
         return summary_markdown(cfg, data, warnings)
     if todo is not None:

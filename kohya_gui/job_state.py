@@ -29,6 +29,7 @@ from trainer.optim.lr import lr_label
 TERMINAL = ("finished", "stopped", "failed")
 SMOOTHING = 0.9  # weight of the past in the smoothed loss (TensorBoard's default is 0.6-0.9)
 CURVE_POINTS = 300  # per series, in the job history
+LOG_LINE_CHARS = 2_000  # one log line; longer ones end in "..."
 
 
 def smooth(prev: float, value: float, n: int, beta: float = SMOOTHING) -> tuple[float, float]:
@@ -69,6 +70,8 @@ class JobState:
         self.started_at, self.ended_at = time.time(), None
 
     def note(self, message: str, when: float | None = None) -> None:
+        if len(message) > LOG_LINE_CHARS:  # the log is bounded in lines and in line length
+            message = message[: LOG_LINE_CHARS - 3] + "..."
         stamp = time.strftime("%H:%M:%S", time.localtime(when or time.time()))
         self.log.append(f"{stamp} {message}")
 

@@ -10,6 +10,7 @@ from typing import Any
 import gradio as gr
 
 from kohya_gui.fields import Form
+from kohya_gui.safe_text import md, md_lines
 from trainer.config import files as config_io
 from trainer.importers.kohya_ss import detect_mode, import_kohya, read_json
 
@@ -23,7 +24,7 @@ def upload_button(mode: str) -> Any:
 
 
 def _problems(exc: config_io.ConfigError, intro: str) -> str:
-    return f"**{intro}**\n" + "\n".join(f"- `{p}`" for p in exc.problems)
+    return f"**{intro}**\n" + md_lines(exc.problems)
 
 
 def load_kohya_config(form: Form, path: Any) -> tuple[dict[str, Any] | None, str]:
@@ -43,4 +44,13 @@ def load_kohya_config(form: Form, path: Any) -> tuple[dict[str, Any] | None, str
         cfg, report = import_kohya(data, form.mode, shown)
     except config_io.ConfigError as exc:
         return None, _problems(exc, "The kohya_ss config cannot be loaded:")
-    return form.values(cfg), report.markdown()
+    return form.values(cfg), report_markdown(report)
+
+
+def report_markdown(report: Any) -> str:
+    """The import report with every key and value of the file shown as text (a stranger's file
+    can hold markup in its keys and values)."""
+    out = [f"**Imported {md(report.source)} as a {report.mode} config.**"]
+    for head, body in report.lines():
+        out += ["", f"**{head}:**", md_lines(body, 500)]
+    return "\n".join(out)

@@ -154,7 +154,9 @@ def result_text(snap: dict[str, Any]) -> str:
 def error_markdown(snap: dict[str, Any]) -> str:
     if snap["status"] != "failed":
         return ""
-    return f"**Training failed:** {snap.get('error') or 'no reason given'}"
+    from kohya_gui.safe_text import md
+
+    return f"**Training failed:** {md(snap.get('error') or 'no reason given', 2_000)}"
 
 
 def queue_rows(snap: dict[str, Any]) -> list[list[Any]]:

@@ -57,7 +57,7 @@ def test_a_kohya_lora_file_fills_the_form_and_shows_the_report(built, tmp_path):
     assert (net.network_type, net.network_dim, net.conv_dim, net.train_text_encoder) == \
         ("loha", 16, 4, False)
     assert values["dataset.resolution"] == 576 and values["optimizer.lr_warmup_steps"] == 10
-    assert "Imported `loha.json` as a lora config" in msg
+    assert "Imported loha.json as a lora config" in msg
     assert "512x650 is not square" in msg and "color_aug = True" in msg and "wibble" in msg
 
 

@@ -39,7 +39,9 @@ class ModeTab:
 
 
 def problems_markdown(exc: config_io.ConfigError, intro: str) -> str:
-    return f"**{intro}**\n" + "\n".join(f"- `{p}`" for p in exc.problems)
+    from kohya_gui.safe_text import md_lines  # the values quoted come from files: as text
+
+    return f"**{intro}**\n" + md_lines(exc.problems)
 
 
 def not_available_message(mode: str) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from kohya_gui.safe_text import clean_metadata, code_block, md, md_lines
 from kohya_gui.tabs.tool_forms import raw_values
 from trainer.tools import options as o
 from trainer.tools.common import Progress, ToolError, no_progress
@@ -26,7 +27,7 @@ TAG_COLUMNS = ["tag", "count"]
 
 
 def problems_markdown(problems: list[str]) -> str:
-    return "**Problems:**\n" + "\n".join(f"- `{p}`" for p in problems)
+    return "**Problems:**\n" + md_lines(problems)
 
 
 def run_tool(model: type[o.ToolOptions], values: dict[str, Any],
@@ -39,10 +40,10 @@ def run_tool(model: type[o.ToolOptions], values: dict[str, Any],
     try:
         return run(opts), ""
     except ToolError as exc:
-        return None, f"**Error:** {exc}"
+        return None, f"**Error:** {md(exc, 2_000)}"
     except Exception as exc:  # noqa: BLE001 - the page says what broke; the log has the rest
         log.exception("tool %s failed", model.__name__)
-        return None, f"**Failed:** {type(exc).__name__}: {exc}"
+        return None, f"**Failed:** {type(exc).__name__}: {md(exc, 2_000)}"
 
 
 def gradio_progress(progress: Any) -> Progress:
@@ -53,7 +54,7 @@ def gradio_progress(progress: Any) -> Progress:
 
 
 def code(text: str) -> str:
-    return "```\n" + text + "\n```"
+    return code_block(text)
 
 
 def short_name(name: str) -> str:
@@ -72,7 +73,7 @@ def inspect_tool(values: dict[str, Any]) -> tuple[str, pd.DataFrame, dict[str, s
         return message, pd.DataFrame(columns=NORM_COLUMNS), {}
     frame = pd.DataFrame([(short_name(m.name), m.norm, PART_NAMES[m.part])
                           for m in report.modules], columns=NORM_COLUMNS)
-    return format_inspect(report), frame, report.metadata
+    return format_inspect(report, escape=md), frame, clean_metadata(report.metadata)
 
 
 def merge_tool(values: dict[str, Any], progress: Progress = no_progress) -> str:
@@ -92,7 +93,7 @@ def resize_tool(values: dict[str, Any], progress: Progress = no_progress
     rows = [(short_name(m.name), f"{m.old_rank} -> {m.new_rank}", round(m.alpha, 4),
              round(100 * m.fro_kept, 2), round(100 * m.sum_kept, 2)) for m in report.modules]
     kept = [m.fro_kept for m in report.modules]
-    text = (f"Wrote **{report.save_to}** in {report.seconds:.1f} s: network dim {report.dim}, "
+    text = (f"Wrote **{md(report.save_to)}** in {report.seconds:.1f} s: network dim {report.dim}, "
             f"alpha {report.alpha}; Frobenius norm kept: mean {report.mean_fro_kept:.1%}, "
             f"lowest {min(kept):.1%}")
     return text, pd.DataFrame(rows, columns=RESIZE_COLUMNS)
@@ -141,9 +142,9 @@ def load_editor(folder: str, extension: str, recursive: bool
     try:
         rows = read_rows(folder, extension or ".txt", recursive)
     except ToolError as exc:
-        return empty, tags_frame([]), f"**Error:** {exc}"
+        return empty, tags_frame([]), f"**Error:** {md(exc, 2_000)}"
     root = Path(folder).expanduser()
-    frame = pd.DataFrame([(f"![{name}]({thumbnail_uri(root / name)})", name, caption)
+    frame = pd.DataFrame([(f"![{md(name, 80)}]({thumbnail_uri(root / name)})", name, caption)
                           for name, caption in rows], columns=EDITOR_COLUMNS)
     missing = sum(1 for _, caption in rows if not caption)
     return (frame, tags_frame([c for _, c in rows]),
@@ -160,5 +161,5 @@ def save_editor(folder: str, extension: str, frame: Any) -> tuple[str, pd.DataFr
     try:
         changed = save_rows(folder, rows, extension or ".txt")
     except ToolError as exc:
-        return f"**Error:** {exc}", tags_frame([c for _, c in rows])
+        return f"**Error:** {md(exc, 2_000)}", tags_frame([c for _, c in rows])
     return f"Saved {changed} changed caption(s).", tags_frame([c for _, c in rows])

@@ -16,6 +16,7 @@ from typing import Any
 
 import gradio as gr
 
+from kohya_gui.safe_text import md, md_lines
 from kohya_gui.tabs import tool_handlers as h
 from kohya_gui.tabs.tool_forms import ToolForm, build_form, form_values, make_component
 from trainer.config import files as config_io
@@ -48,8 +49,8 @@ def check_config_file(path: str) -> str:
     try:
         cfg = config_io.load(path)
     except config_io.ConfigError as exc:
-        return "**Problems:**\n" + "\n".join(f"- `{p}`" for p in exc.problems)
-    return f"`{path}` is a valid **{cfg.mode}** config."
+        return "**Problems:**\n" + md_lines(exc.problems)
+    return f"{md(path)} is a valid **{cfg.mode}** config."
 
 
 def bind(button: Any, form: ToolForm, handler: Callable[..., Any], outputs: list[Any],

@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 from trainer.config import EMBEDDED_MODEL, EMBEDDED_SDXL, ModelSection
 from trainer.config.paths import data_home
-from trainer.models import families, single_file, tokenizers
+from trainer.models import families, file_checks, single_file, tokenizers
 from trainer.models.families import FAMILIES, Family, ModelLoadError
 
 EMBEDDED_MODELS = {EMBEDDED_MODEL: "sd1", EMBEDDED_SDXL: "sdxl"}
@@ -98,6 +98,7 @@ def load_base_model(section: ModelSection) -> BaseModel:
 
 
 # --- diffusers folders ------------------------------------------------------------------------
+    file_checks.check_base_model_file(path, FIELD)  # empty, truncated, lying, a LoRA ...
 
 
 def _folder_version(path: Path) -> str:

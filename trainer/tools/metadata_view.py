@@ -11,10 +11,24 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 from collections.abc import Callable
 from typing import Any, Optional
 
 UNSET = ("", "None", "null")
+SHOWN = 300  # characters of one value in the report; longer ones end in "..."
+JSON_LIMIT = 32 * 2**20  # a JSON-valued key longer than this is not parsed
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\ufeff]")
+
+
+def shown(value: Any, limit: int = SHOWN) -> str:
+    """A value from a file as one line of plain text: at most ``limit`` characters ("..." marks
+    a cut), control characters (terminal escapes too) and invalid Unicode replaced."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) > limit:
+        text = text[: max(limit - 3, 0)] + "..."
+    text = text.encode("utf-8", "replace").decode("utf-8")
+    return _CONTROL.sub("\ufffd", text.replace("\n", " ").replace("\t", " "))
 
 
 def _get(meta: dict[str, str], key: str) -> Optional[str]:
@@ -31,9 +45,11 @@ def _time(value: str) -> str:
 
 
 def _json(value: str) -> Any:
+    if len(value) > JSON_LIMIT:
+        return None
     try:
         return json.loads(value)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than Python recurses
         return None
 
 
