@@ -136,14 +136,16 @@ SPIED = ("offset_noise", "pyramid_noise", "sample_timesteps", "v_pred_like_noise
 
 
 def test_training_with_every_loss_and_noise_option(tmp_path, monkeypatch):
+    from trainer.objectives import ddpm
     from trainer.run import step
 
     calls: dict[str, list] = {name: [] for name in SPIED}
     for name in SPIED:  # every option reaches the loss of every step
-        def spy(*args, _name=name, _real=getattr(step, name), **kwargs):
+        module = step if name == "diffusion_loss" else ddpm  # where the step looks them up
+        def spy(*args, _name=name, _real=getattr(module, name), **kwargs):
             calls[_name].append((args, kwargs))
             return _real(*args, **kwargs)
-        monkeypatch.setattr(step, name, spy)
+        monkeypatch.setattr(module, name, spy)
     train, options = _dataset(tmp_path, "alpha")
     training = {"max_train_steps": 2, "masked_loss": True, "noise_offset": 0.05,
                 "noise_offset_random_strength": True, "adaptive_noise_scale": 0.01,

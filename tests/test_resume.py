@@ -79,6 +79,8 @@ CASES = {
                                                   "max_train_steps": 6}}),
     "lora-text-encoder-stops": ("lora", {"network": {"train_text_encoder": True,
                                                      "stop_text_encoder_training": 3}}),
+    "flux-lora": ("lora", {"model": {"pretrained_model_name_or_path": "embedded:tiny-flux"},
+                           "network": {"train_text_encoder": True}}),
     "dreambooth": ("dreambooth", {}),
     "textual_inversion": ("textual_inversion", {
         "network": {"token_string": "<t>", "init_word": "shape",

@@ -75,6 +75,16 @@ def family_problems(cfg: Any, family: str, precision: Optional[str] = None) -> l
                         "holds its VAE (or set model.vae)")
     if family == "flux1" and cfg.model.clip_g is not None:
         problems.append("model.clip_g is for SD 3.5; FLUX.1 has no CLIP-G; unset it")
+    if family == "sd3" and cfg.network.train_t5xxl:
+        problems.append("network.train_t5xxl: an SD 3.5 LoRA of T5 would load in ComfyUI but "
+                        "not in diffusers (its SD3 loader reads no T5 keys), so the studio does "
+                        "not train one; unset it")
+    if cfg.mode == "lora" and cfg.network.network_type != "lora":
+        problems.append(f"network.network_type = {cfg.network.network_type!r}: the LyCORIS "
+                        f"types are not available for {name} yet; use 'lora'")
+    if cfg.network.conv_dim is not None:
+        problems.append(f"network.conv_dim: {name}'s transformer has no convolutions to adapt; "
+                        f"unset it")
     if cfg.network.train_t5xxl and not cfg.network.train_text_encoder:
         problems.append("network.train_t5xxl needs network.train_text_encoder (T5 trains with "
                         "the text-encoder learning rate); turn it on or unset train_t5xxl")

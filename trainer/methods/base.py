@@ -27,18 +27,22 @@ class MethodBase:
 
     def trained_text_encoders(self, model: Any) -> list[tuple[str, Any, float]]:
         """(name, encoder, learning rate) of each text encoder this run trains: the first
-        with ``network.train_text_encoder``; SDXL's second with ``train_text_encoder_2``
-        (unset: the same as the first) at ``text_encoder_2_lr`` (unset: ``text_encoder_lr``)."""
+        with ``network.train_text_encoder``; SDXL's and SD 3.5's second CLIP with
+        ``train_text_encoder_2`` (unset: the same as the first) at ``text_encoder_2_lr``
+        (unset: ``text_encoder_lr``); the T5 of FLUX.1 / SD 3.5 with ``network.train_t5xxl``
+        at ``text_encoder_lr``."""
         from trainer.models.conditioning import family_of
 
         net, opt = self.cfg.network, self.cfg.optimizer
         lr = opt.text_encoder_lr or opt.learning_rate
+        family = family_of(model)
         wanted = {"text_encoder": (net.train_text_encoder, lr),
                   "text_encoder_2": (net.train_text_encoder if net.train_text_encoder_2 is None
                                      else net.train_text_encoder_2,
-                                     opt.text_encoder_2_lr or lr)}
+                                     opt.text_encoder_2_lr or lr),
+                  family.t5_slot(): (net.train_t5xxl and net.train_text_encoder, lr)}
         return [(name, encoder, wanted[name][1])
-                for name, encoder, _ in family_of(model).text_encoders(model)
+                for name, encoder, _ in family.text_encoders(model)
                 if wanted[name][0]]
 
     @property

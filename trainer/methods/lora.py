@@ -10,6 +10,7 @@ from peft import LoraConfig, inject_adapter_in_model
 from trainer.config import TrainConfig
 from trainer.methods.base import MethodBase
 from trainer.methods.fast_lora import lean_forward
+from trainer.models.conditioning import family_of
 
 # The Linear (and 1x1 conv) layers of the UNet's transformer blocks, as sd-scripts targets them.
 UNET_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "proj_in", "proj_out", "ff.net.0.proj",
@@ -18,6 +19,8 @@ UNET_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "proj_in", "proj_out", "ff.n
 UNET_CONV_TARGETS = ["conv1", "conv2", "conv_shortcut", "downsamplers.0.conv",
                      "upsamplers.0.conv"]
 TEXT_ENCODER_TARGETS = ["q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2"]
+# T5's attention and gated feed-forward Linears (sd-scripts: T5Attention, T5DenseGatedActDense)
+T5_TARGETS = ["q", "k", "v", "o", "wi_0", "wi_1", "wo"]
 
 
 def unet_lora_config(cfg: TrainConfig) -> LoraConfig:
@@ -38,12 +41,29 @@ def unet_lora_config(cfg: TrainConfig) -> LoraConfig:
     )
 
 
-def text_encoder_lora_config(cfg: TrainConfig) -> LoraConfig:
+def text_encoder_lora_config(cfg: TrainConfig, t5: bool = False) -> LoraConfig:
     net = cfg.network
     return LoraConfig(
         r=net.network_dim, lora_alpha=net.network_alpha, lora_dropout=net.network_dropout or 0.0,
-        init_lora_weights="gaussian", target_modules=TEXT_ENCODER_TARGETS,
+        init_lora_weights="gaussian", target_modules=T5_TARGETS if t5 else TEXT_ENCODER_TARGETS,
     )
+
+
+def denoiser_lora_config(cfg: TrainConfig, model: Any) -> LoraConfig:
+    """The UNet's LoRA, or the transformer's of FLUX.1 / SD 3.5 on sd-scripts' modules
+    (trainer/export/flux_lora.py and sd3_lora.py name them; full paths, which peft matches
+    exactly)."""
+    if model.version not in ("flux1", "sd3"):
+        return unet_lora_config(cfg)
+    from trainer.export.flux_lora import flux_target_modules
+    from trainer.export.sd3_lora import sd3_target_modules
+
+    net = cfg.network
+    targets = (flux_target_modules(model.unet, net.train_blocks) if model.version == "flux1"
+               else sd3_target_modules(model.unet))
+    return LoraConfig(r=net.network_dim, lora_alpha=net.network_alpha,
+                      lora_dropout=net.network_dropout or 0.0, init_lora_weights="gaussian",
+                      target_modules=targets)
 
 
 def lora_parameters(module: torch.nn.Module) -> list[torch.nn.Parameter]:
@@ -63,11 +83,12 @@ class LoraMethod(MethodBase):
             module.requires_grad_(False)
         groups: list[dict[str, Any]] = []
         if self.cfg.network.train_unet:
-            model.unet.add_adapter(unet_lora_config(self.cfg))
+            model.unet.add_adapter(denoiser_lora_config(self.cfg, model))
             groups.append({"params": lora_parameters(model.unet),
                            "lr": opt.unet_lr or opt.learning_rate, "name": "unet"})
+        t5 = family_of(model).t5_slot()
         for name, encoder, lr in encoders:
-            inject_adapter_in_model(text_encoder_lora_config(self.cfg), encoder)
+            inject_adapter_in_model(text_encoder_lora_config(self.cfg, t5=name == t5), encoder)
             groups.append({"params": lora_parameters(encoder), "lr": lr, "name": name})
         self.trains_text_encoder = bool(encoders)
         self.saved_encoders = [name for name, _, _ in encoders]
@@ -78,6 +99,11 @@ class LoraMethod(MethodBase):
     def save(self, path, model: Any, facts: Any, final: bool = True):
         from trainer.export.lora import save_lora
 
+        if model.version in ("flux1", "sd3"):
+            from trainer.methods.flow_lora import save_flow_run_lora
+
+            return save_flow_run_lora(path, model, self.cfg, facts, self.save_dtype,
+                                      self.saved_encoders)
         # a text encoder's LoRA stays in the file after stop_text_encoder_training froze it
         te, te2 = (getattr(model, n) if n in self.saved_encoders else None
                    for n in ("text_encoder", "text_encoder_2"))
@@ -86,6 +112,4 @@ class LoraMethod(MethodBase):
 
 
 def family_text_encoders(model: Any) -> list[tuple[str, Any, Any]]:
-    from trainer.models.conditioning import family_of
-
     return family_of(model).text_encoders(model)

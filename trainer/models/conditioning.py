@@ -15,22 +15,11 @@ samples and the methods ask it instead of branching on the version themselves.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 
-
-@dataclass
-class TextConditioning:
-    """The text side of the conditioning of a batch (or of one caption, in the text cache)."""
-
-    hidden: torch.Tensor  # [B, 77, D]: the UNet's encoder_hidden_states
-    pooled: Optional[torch.Tensor] = None  # [B, P]: SDXL's pooled text embedding
-
-    def to(self, device: Any, dtype: torch.dtype) -> TextConditioning:
-        pooled = None if self.pooled is None else self.pooled.to(device, dtype)
-        return TextConditioning(self.hidden.to(device, dtype), pooled)
+from trainer.models.text_conditioning import TextConditioning  # noqa: F401 - re-exported
 
 
 def _ids(tokenizer: Any, captions: list[str], device: Any) -> torch.Tensor:
@@ -42,6 +31,7 @@ class SD1Family:
     """SD 1.x and 2.x: one CLIP text encoder."""
 
     name = "sd1"
+    objective = "ddpm"
 
     def text_encoders(self, model: Any) -> list[tuple[str, Any, Any]]:
         """(attribute name, encoder, tokenizer) of each text encoder."""
@@ -58,6 +48,25 @@ class SD1Family:
                            ) -> Optional[dict[str, torch.Tensor]]:
         return None
 
+    def t5_slot(self) -> Optional[str]:
+        return None  # no T5 in the SD families
+
+    def predict(self, model: Any, noisy: torch.Tensor, t: torch.Tensor,
+                text: TextConditioning, size_ids: Optional[torch.Tensor], cfg: Any,
+                denoiser: Any = None) -> torch.Tensor:
+        """The UNet's prediction for ``noisy`` at integer timesteps ``t``."""
+        unet = denoiser if denoiser is not None else model.unet
+        added = self.added_conditioning(text, size_ids)
+        return unet(noisy, t, text.hidden, added_cond_kwargs=added).sample
+
+    def pipeline(self, model: Any, denoiser: Any, scheduler: Any) -> Any:
+        import diffusers
+
+        return diffusers.StableDiffusionPipeline(
+            vae=model.vae, text_encoder=model.text_encoder, tokenizer=model.tokenizer,
+            unet=denoiser, scheduler=scheduler, safety_checker=None, feature_extractor=None,
+            requires_safety_checker=False)
+
 
 class SDXLFamily(SD1Family):
     """SDXL: two text encoders, pooled text embeddings and size conditioning."""
@@ -67,6 +76,14 @@ class SDXLFamily(SD1Family):
     def text_encoders(self, model: Any) -> list[tuple[str, Any, Any]]:
         return [("text_encoder", model.text_encoder, model.tokenizer),
                 ("text_encoder_2", model.text_encoder_2, model.tokenizer_2)]
+
+    def pipeline(self, model: Any, denoiser: Any, scheduler: Any) -> Any:
+        import diffusers
+
+        return diffusers.StableDiffusionXLPipeline(
+            vae=model.vae, text_encoder=model.text_encoder, tokenizer=model.tokenizer,
+            unet=denoiser, scheduler=scheduler, text_encoder_2=model.text_encoder_2,
+            tokenizer_2=model.tokenizer_2)
 
     def encode(self, model: Any, captions: list[str], clip_skip: int) -> TextConditioning:
         hidden, pooled = [], None
@@ -84,7 +101,12 @@ class SDXLFamily(SD1Family):
                 "time_ids": size_ids.to(text.pooled.device, text.pooled.dtype)}
 
 
-def family_of(model: Any) -> SD1Family:
+def family_of(model: Any) -> Any:
+    """The family object of a loaded model (``model.version``)."""
+    if model.version in ("flux1", "sd3"):
+        from trainer.models.flow_conditioning import FluxFamily, SD3Family
+
+        return FluxFamily() if model.version == "flux1" else SD3Family()
     return SDXLFamily() if model.version == "sdxl" else SD1Family()
 
 

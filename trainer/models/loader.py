@@ -20,12 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from trainer.config import EMBEDDED_MODEL, EMBEDDED_SDXL, ModelSection
+from trainer.config import EMBEDDED_FLUX, EMBEDDED_MODEL, EMBEDDED_SD3, EMBEDDED_SDXL, ModelSection
 from trainer.config.paths import data_home
 from trainer.models import families, file_checks, single_file, tokenizers
 from trainer.models.families import FAMILIES, Family, ModelLoadError
 
-EMBEDDED_MODELS = {EMBEDDED_MODEL: "sd1", EMBEDDED_SDXL: "sdxl"}
+EMBEDDED_MODELS = {EMBEDDED_MODEL: "sd1", EMBEDDED_SDXL: "sdxl", EMBEDDED_FLUX: "flux1",
+                   EMBEDDED_SD3: "sd3"}
+TINY_FLOW = {"flux1": "flux", "sd3": "sd3"}  # family -> trainer.models.tiny_flow's builder
 
 __all__ = ["BaseModel", "ModelLoadError", "load_base_model", "resolve_model_path",
            "text_embeddings"]
@@ -35,18 +37,27 @@ CACHE_INFO = "single_file.json"
 
 @dataclass
 class BaseModel:
-    unet: Any
+    unet: Any  # the denoiser: a UNet (SD 1.x, 2.x, SDXL) or a transformer (FLUX.1, SD 3.5)
     vae: Any
     text_encoder: Any
     tokenizer: Any
     noise_scheduler: Any
-    version: str  # "sd1" | "sd2" | "sdxl"
-    prediction_type: str  # "epsilon" | "v_prediction"
+    version: str  # "sd1" | "sd2" | "sdxl" | "flux1" | "sd3"
+    prediction_type: str  # "epsilon" | "v_prediction" | "flow" (FLUX.1, SD 3.5)
     source: str
     name: str
     text_encoder_2: Any = None  # SDXL's OpenCLIP bigG (CLIPTextModelWithProjection)
-    tokenizer_2: Any = None
+    tokenizer_2: Any = None  # FLUX.1: T5's (text_encoder_2 is T5-XXL)
+    text_encoder_3: Any = None  # SD 3.5's T5-XXL
+    tokenizer_3: Any = None
     description: str = ""  # for people: "SD 2.x, v-prediction, 768 (...)"
+    variant: str = ""  # FLUX.1 "dev" / "schnell"; SD 3.x "5-large" / "5-medium" / "medium"
+    t5_max_length: int = 0  # tokens of T5 per caption (the flow families)
+
+    @property
+    def denoiser(self) -> Any:
+        """The UNet or the transformer (held in ``unet``)."""
+        return self.unet
 
     @property
     def vae_id(self) -> str:
@@ -65,8 +76,12 @@ def resolve_model_path(value: str) -> Path:
         from trainer.models.tiny import ensure_tiny_model
 
         family = EMBEDDED_MODELS[value]
-        return ensure_tiny_model(data_home() / "embedded" / value.split(":", 1)[1],
-                                 family=family)
+        folder = data_home() / "embedded" / value.split(":", 1)[1]
+        if family in TINY_FLOW:
+            from trainer.models.tiny_flow import ensure_tiny_flow_model
+
+            return ensure_tiny_flow_model(folder, family=TINY_FLOW[family])
+        return ensure_tiny_model(folder, family=family)
     if value.startswith("embedded:"):
         raise ModelLoadError(
             f"{FIELD} = {value!r}: unknown embedded model; the embedded models are "
@@ -83,6 +98,7 @@ def load_base_model(section: ModelSection) -> BaseModel:
             f"{FIELD} = {str(path)!r}: no such file or folder; point it at a diffusers folder "
             f"(with model_index.json) or a .safetensors/.ckpt checkpoint"
         )
+    file_checks.check_base_model_file(path, FIELD)  # empty, truncated, lying, a LoRA ...
     if path.is_dir():
         return _from_folder(path, section)
     if path.suffix.lower() in (".safetensors", ".ckpt"):
@@ -98,7 +114,6 @@ def load_base_model(section: ModelSection) -> BaseModel:
 
 
 # --- diffusers folders ------------------------------------------------------------------------
-    file_checks.check_base_model_file(path, FIELD)  # empty, truncated, lying, a LoRA ...
 
 
 def _folder_version(path: Path) -> str:
@@ -153,6 +168,14 @@ def _load_folder(path: Path, sdxl: bool) -> dict[str, Any]:
 
 
 def _from_folder(path: Path, section: ModelSection) -> BaseModel:
+    from trainer.models.flow_loader import folder_flow_family, load_flow_folder
+
+    flow = folder_flow_family(path)
+    if flow is not None:
+        if section.vae:
+            raise ModelLoadError(f"model.vae is set, but {FIELD} is a FLUX.1 / SD 3.5 folder, "
+                                 f"whose VAE is its own; unset model.vae")
+        return BaseModel(**load_flow_folder(path, section, flow))
     detected = _folder_version(path)
     parts = _load_folder(path, detected == "sdxl")
     if section.vae:

@@ -1,9 +1,10 @@
 """Sample images during training, from the model being trained, through a diffusers pipeline.
 
-:func:`inference_pipeline` builds the family's pipeline (StableDiffusionPipeline, or
-StableDiffusionXLPipeline for SDXL) around the modules being trained, with the sampler the
-config names on the training noise schedule (so a zero-terminal-SNR run samples on the same
-schedule); class-image generation uses it too.
+:func:`inference_pipeline` builds the family's pipeline (StableDiffusionPipeline,
+StableDiffusionXLPipeline, FluxPipeline or StableDiffusion3Pipeline) around the modules being
+trained. The SD families sample with the sampler the config names on the training noise
+schedule (so a zero-terminal-SNR run samples on the same schedule); the flow families with
+their own flow-matching Euler scheduler; class-image generation uses it too.
 """
 
 from __future__ import annotations
@@ -27,27 +28,30 @@ def inference_pipeline(model: Any, cfg: TrainConfig, unet: Optional[Any] = None)
     """A pipeline over ``model``'s modules (``unet`` replaces the model's, e.g. unwrapped)."""
     import diffusers
 
+    from trainer.models.conditioning import family_of
+
+    family = family_of(model)
     config = dict(model.noise_scheduler.config)
-    if config.get("rescale_betas_zero_snr"):
-        config["timestep_spacing"] = "trailing"  # Lin et al. 2024, section 3.3
-    scheduler = getattr(diffusers, SAMPLERS[cfg.sampling.sample_sampler]).from_config(config)
-    parts = {"vae": model.vae, "text_encoder": model.text_encoder, "tokenizer": model.tokenizer,
-             "unet": unet if unet is not None else model.unet, "scheduler": scheduler}
-    if model.version == "sdxl":
-        pipe = diffusers.StableDiffusionXLPipeline(
-            **parts, text_encoder_2=model.text_encoder_2, tokenizer_2=model.tokenizer_2)
+    if family.objective == "flow":
+        scheduler = model.noise_scheduler.__class__.from_config(config)
     else:
-        pipe = diffusers.StableDiffusionPipeline(
-            **parts, safety_checker=None, feature_extractor=None, requires_safety_checker=False)
+        if config.get("rescale_betas_zero_snr"):
+            config["timestep_spacing"] = "trailing"  # Lin et al. 2024, section 3.3
+        scheduler = getattr(diffusers, SAMPLERS[cfg.sampling.sample_sampler]).from_config(config)
+    pipe = family.pipeline(model, unet if unet is not None else model.unet, scheduler)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
 
 def make_samples(model: Any, cfg: TrainConfig, step: int, accelerator: Any) -> list[Path]:
     """One image per prompt into ``<output_dir>/sample/``; returns their paths."""
+    from trainer.models.conditioning import family_of
+
     sm = cfg.sampling
-    vae_device = model.vae.device
-    model.vae.to(accelerator.device)
+    parts = [model.vae] + [enc for _, enc, _ in family_of(model).text_encoders(model)]
+    devices = [part.device for part in parts]  # cached text outputs may have moved encoders off
+    for part in parts:
+        part.to(accelerator.device)
     pipe = inference_pipeline(model, cfg, unet=accelerator.unwrap_model(model.unet))
     out_dir = Path(cfg.saving.output_dir) / "sample"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -67,5 +71,6 @@ def make_samples(model: Any, cfg: TrainConfig, step: int, accelerator: Any) -> l
             paths.append(path)
     finally:
         model.unet.train(unet_training)
-        model.vae.to(vae_device)
+        for part, device in zip(parts, devices):
+            part.to(device)
     return paths

@@ -97,6 +97,7 @@ def prepare(s: Session, out: Reporter) -> None:
         s.model = load_base_model(s.cfg.model)
     out.check_stop()
     out.log(f"Base model: {s.model.source} ({s.model.description or s.model.version})")
+    _check_family(s)
     with main_process_first(s.device_info):  # rank 0 generates, the other processes wait
         if ensure_class_images(s.cfg, s.model, s.device_info, s.precision, out) or rank():
             s.data = prepare_dataset(s.cfg, warn=lambda m: out.log(m, "warning"))
@@ -134,6 +135,20 @@ def _device(s: Session, out: Reporter) -> None:
     if s.threads:
         out.log(f"CPU training with {s.threads.threads} thread(s), one fewer while other "
                 f"processes keep a core busy (OMP_NUM_THREADS fixes the count)")
+
+
+class FamilyMismatch(ValueError):
+    """A setting that the loaded model's family cannot use (trainer/config/family_rules.py)."""
+
+
+def _check_family(s: Session) -> None:
+    """The config's family checks again with the detected family and the resolved precision:
+    a checkpoint given by path names no family until it is read."""
+    from trainer.config.family_rules import family_problems
+
+    problems = family_problems(s.cfg, s.model.version, s.precision)
+    if problems:
+        raise FamilyMismatch("; ".join(problems))
 
 
 def _noise_schedule(s: Session, out: Reporter) -> None:
@@ -238,6 +253,22 @@ def _cache(s: Session, out: Reporter) -> None:
     if _caches_text(s):
         with torch.no_grad():
             s.data.cache_text(lambda caps: encode_captions(model, caps, s.cfg.model.clip_skip))
+        _release_text_encoders(s, out)
+
+
+def _release_text_encoders(s: Session, out: Reporter) -> None:
+    """With every caption's outputs cached, the frozen text encoders are not needed on the
+    device (T5-XXL alone is 9.5 GB in bf16); samples bring them back while they run."""
+    from trainer.models.conditioning import family_of
+
+    if s.device_info.backend == "cpu":
+        return
+    moved = [name for name, encoder, _ in family_of(s.model).text_encoders(s.model)
+             if not any(p.requires_grad for p in encoder.parameters())]
+    for name in moved:
+        getattr(s.model, name).to("cpu")
+    if moved:
+        out.log(f"Text encoder outputs cached: {', '.join(moved)} moved off the device")
 
 
 def _caches_text(s: Session) -> bool:

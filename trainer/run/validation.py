@@ -29,7 +29,8 @@ import torch
 
 from trainer.events import Validation
 
-# Where on the noise schedule each image is scored (fractions of num_train_timesteps).
+# Where on the noise schedule each image is scored: fractions of the DDPM schedule's length,
+# and the same numbers as sigmas for flow matching (the objectives' validation_t)
 TIMESTEP_FRACTIONS = (0.1, 0.3, 0.5, 0.7, 0.9)
 SEED_OFFSET = 7919  # keeps the validation noise apart from anything seeded by training.seed
 _SETS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # TrainingData -> ValidationSet
@@ -46,12 +47,7 @@ class ValidationItem:
 @dataclass
 class ValidationSet:
     items: list[ValidationItem]
-    timesteps: torch.Tensor  # [K]
-
-
-def fixed_timesteps(num_train_timesteps: int) -> torch.Tensor:
-    return torch.tensor([int(f * (num_train_timesteps - 1)) for f in TIMESTEP_FRACTIONS],
-                        dtype=torch.long)
+    timesteps: torch.Tensor  # [K]: DDPM timesteps, or flow matching's sigmas
 
 
 def validation_data(data: Any, cfg: Any) -> Any:
@@ -70,11 +66,11 @@ def validation_data(data: Any, cfg: Any) -> Any:
 
 def build_set(data: Any, model: Any, cfg: Any) -> ValidationSet:
     """Encode the validation images once and draw their fixed noise."""
-    from trainer.run.step import encode_images
+    from trainer.run.step import encode_images, objective_for
 
     held = validation_data(data, cfg)
     seed = cfg.training.seed
-    timesteps = fixed_timesteps(model.noise_scheduler.config.num_train_timesteps)
+    timesteps = objective_for(model, cfg).validation_t()
     items = []
     for index in range(held.num_images):
         batch = held._batch([index], random.Random(f"{seed}:validation:{index}"))
@@ -89,21 +85,21 @@ def build_set(data: Any, model: Any, cfg: Any) -> ValidationSet:
 def _item_loss(item: ValidationItem, timesteps: torch.Tensor, model: Any, cfg: Any,
                device: Any, dtype: torch.dtype, chunk: int) -> float:
     from trainer.models.conditioning import family_of
-    from trainer.objectives.losses import diffusion_loss, target_for
-    from trainer.run.step import encode_captions
+    from trainer.objectives.losses import diffusion_loss
+    from trainer.run.step import encode_captions, objective_for
 
-    family, scheduler = family_of(model), model.noise_scheduler
+    family, objective = family_of(model), objective_for(model, cfg)
     total = 0.0
     for start in range(0, len(timesteps), chunk):
         t = timesteps[start:start + chunk].to(device)
         n = len(t)
         latents = item.latents.to(device, dtype).expand(n, -1, -1, -1)
         noise = item.noise[start:start + n].to(device, dtype)
-        noisy = scheduler.add_noise(latents, noise, t)
+        noisy = objective.noisy(latents, noise, t)
         text = encode_captions(model, [item.caption] * n, cfg.model.clip_skip)
-        added = family.added_conditioning(text, item.size_ids.expand(n, -1))
-        pred = model.unet(noisy, t, text.hidden, added_cond_kwargs=added).sample
-        target = target_for(model.prediction_type, latents, noise, t, scheduler)
+        pred = family.predict(model, noisy, t, text, item.size_ids.expand(n, -1), cfg)
+        pred = objective.prediction(pred, noisy, t)
+        target = objective.target(latents, noise, t)
         total += diffusion_loss(pred, target).item() * n
     return total / len(timesteps)
 

@@ -1,0 +1,126 @@
+"""FLUX.1 and SD 3.5 train in the one loop: LoRA on the tiny models, files that diffusers loads to
+the trained output, samples and validation through the family, the family's rules at run time."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from diffusers import FluxPipeline, StableDiffusion3Pipeline
+from safetensors import safe_open
+from train_helpers import one_image_dataset, small_config
+
+from trainer.events import ListSink, Sample, Validation
+from trainer.methods.lora import LoraMethod
+from trainer.models.conditioning import family_of
+from trainer.models.loader import resolve_model_path
+from trainer.models.text_conditioning import TextConditioning
+from trainer.run.loop import run
+
+MODELS = {"flux1": "embedded:tiny-flux", "sd3": "embedded:tiny-sd3"}
+PIPELINES = {"flux1": FluxPipeline, "sd3": StableDiffusion3Pipeline}
+
+
+def flow_config(tmp_path, family: str, **sections):
+    data = tmp_path / "data"
+    if not data.exists():
+        one_image_dataset(data)
+    model = {"pretrained_model_name_or_path": MODELS[family], **sections.pop("model", {})}
+    return small_config(tmp_path, data, model=model, **sections)
+
+
+def fixed_inputs(transformer, family: str):
+    """Noisy latents, sigmas and text conditioning of the tiny model's shapes, fixed."""
+    gen = torch.Generator().manual_seed(7)
+    cfg = transformer.config
+    joint = cfg.joint_attention_dim
+    pooled = cfg.pooled_projection_dim
+    channels = cfg.in_channels // 4 if family == "flux1" else cfg.in_channels
+    noisy = torch.randn(2, channels, 8, 8, generator=gen)
+    text = TextConditioning(torch.randn(2, 12, joint, generator=gen),
+                            torch.randn(2, pooled, generator=gen))
+    return noisy, torch.tensor([0.3, 0.8]), text
+
+
+def predict(transformer, family: str, cfg) -> torch.Tensor:
+    noisy, sigmas, text = fixed_inputs(transformer, family)
+    model = SimpleNamespace(unet=transformer, version=family)
+    with torch.no_grad():
+        return family_of(model).predict(model, noisy, sigmas, text, None, cfg)
+
+
+@pytest.mark.parametrize("family", ["flux1", "sd3"])
+def test_a_flow_lora_reproduces_the_trained_transformer_in_diffusers(tmp_path, monkeypatch,
+                                                                     family):
+    """The file written at the end of a run, loaded by the family's diffusers pipeline into a
+    fresh copy of the base model, gives the trained transformer's output (1e-5)."""
+    network = {"train_text_encoder": True, "network_alpha": 2.0, "network_dim": 4}
+    if family == "flux1":  # diffusers' FLUX.1 converter splits linear1 at FLUX.1's real widths
+        network["train_blocks"] = "double"
+    cfg = flow_config(tmp_path, family, network=network, optimizer={"learning_rate": 1e-2})
+    trained = {}
+    real_save = LoraMethod.save
+
+    def save(self, path, model, facts, final=True):
+        if final:
+            trained["out"] = predict(model.unet, family, cfg)
+        return real_save(self, path, model, facts, final)
+
+    monkeypatch.setattr(LoraMethod, "save", save)
+    result = run(cfg, ListSink())
+    assert result.status == "finished", result.error
+    pipe = PIPELINES[family].from_pretrained(resolve_model_path(MODELS[family]),
+                                             local_files_only=True)
+    before = predict(pipe.transformer, family, cfg)
+    pipe.load_lora_weights(result.output_path)
+    after = predict(pipe.transformer, family, cfg)
+    assert (after - before).abs().max() > 1e-3  # the LoRA moved the output
+    torch.testing.assert_close(after, trained["out"], atol=1e-5, rtol=1e-5)
+    with safe_open(result.output_path, "pt") as f:
+        meta, keys = f.metadata(), list(f.keys())
+    if family == "flux1":
+        assert meta["ss_base_model_version"] == "flux1"
+        assert meta["modelspec.architecture"] == "flux-1-dev/lora"
+        assert meta["ss_timestep_sampling"] == "flux_shift" and meta["ss_guidance_scale"] == "1.0"
+        assert any(k.startswith("lora_unet_double_blocks_0_img_attn_qkv.") for k in keys)
+        assert any(k.startswith("lora_te1_") for k in keys)
+        assert not any("single_blocks" in k for k in keys)  # train_blocks = double
+    else:
+        assert meta["ss_base_model_version"] == "5-medium"
+        assert meta["modelspec.architecture"] == "stable-diffusion-3-5-medium/lora"
+        assert any(k.startswith("transformer.transformer_blocks.0.attn.to_q.") for k in keys)
+        assert any(k.startswith("text_encoder_2.") for k in keys)
+
+
+def test_flux_samples_and_validation_loss_go_through_the_family(tmp_path):
+    cfg = flow_config(tmp_path, "flux1", sampling={"sample_prompts": ["a red circle"],
+                                                   "sample_every_n_steps": 2,
+                                                   "sample_steps": 2},
+                      dataset={"validation_split": 0.5, "cache_text_encoder_outputs": True},
+                      training={"max_train_steps": 2})
+    data = tmp_path / "data" / "1_circle"
+    (data / "circle.png").rename(data / "a.png")
+    (data / "circle.txt").rename(data / "a.txt")
+    one_image_dataset(tmp_path / "more")
+    (tmp_path / "more" / "1_circle" / "circle.png").rename(data / "b.png")
+    (tmp_path / "more" / "1_circle" / "circle.txt").rename(data / "b.txt")
+    sink = ListSink()
+    result = run(cfg, sink)
+    assert result.status == "finished", result.error
+    samples = sink.of(Sample)
+    assert samples and all(p.endswith(".png") for s in samples for p in s.paths)
+    losses = [v.loss for v in sink.of(Validation)]
+    assert losses and all(0 < loss < 10 for loss in losses)
+
+
+def test_the_family_rules_run_again_once_a_checkpoint_is_read(tmp_path):
+    """A folder path names no family: the DDPM option passes at load and is refused by the
+    run once the model reads as FLUX.1, before anything trains."""
+    folder = resolve_model_path(MODELS["flux1"])
+    cfg = flow_config(tmp_path, "flux1", model={"pretrained_model_name_or_path": str(folder)},
+                      training={"min_snr_gamma": 5.0})
+    result = run(cfg, ListSink())
+    assert result.status == "failed" and result.step == 0
+    assert "training.min_snr_gamma is a DDPM option; FLUX.1 trains with flow matching" \
+        in result.error

@@ -1,0 +1,49 @@
+"""A FLUX.1 / SD 3.5 LoRA run's file: the tensors in the family's form and sd-scripts' metadata.
+
+FLUX.1: sd-scripts' kohya keys on the BFL layout (trainer/export/flux_lora.py), CLIP-L as
+``lora_te1_`` and T5 as ``lora_te3_``; SD 3.5: the ``transformer.*`` form that diffusers and
+ComfyUI both load (trainer/export/sd3_lora.py). The metadata is the run's ``ss_*`` keys with
+the family's version, architecture and the ``[flow]`` settings (trainer/export/flow_lora.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def flow_info(model: Any, cfg: Any) -> Any:
+    """The file's record of the model and the objective's settings."""
+    from trainer.export.flow_lora import FlowLoraInfo
+
+    f = cfg.flow
+    return FlowLoraInfo(
+        family=model.version, variant=model.variant,
+        guidance_scale=f.guidance_scale if model.version == "flux1" else None,
+        timestep_sampling=f.timestep_sampling, discrete_flow_shift=f.discrete_flow_shift,
+        model_prediction_type=f.model_prediction_type, sigmoid_scale=f.sigmoid_scale,
+        weighting_scheme=f.weighting_scheme, logit_mean=f.logit_mean, logit_std=f.logit_std,
+        mode_scale=f.mode_scale)
+
+
+def save_flow_run_lora(path: str | Path, model: Any, cfg: Any, facts: Any, dtype: torch.dtype,
+                       encoders: list[str]) -> Path:
+    """Write the run's LoRA at ``path``; ``encoders``: the text encoders that got one."""
+    from trainer.export.flow_lora import save_flow_lora
+    from trainer.export.flux_lora import flux_kohya_state_dict
+    from trainer.export.metadata import build_lora_metadata
+    from trainer.export.sd3_lora import sd3_state_dict
+
+    def encoder(name: str) -> Any:
+        return getattr(model, name) if name in encoders else None
+
+    transformer = model.unet if cfg.network.train_unet else None
+    if model.version == "flux1":
+        tensors = flux_kohya_state_dict(transformer, encoder("text_encoder"),
+                                        encoder("text_encoder_2"), dtype=dtype)
+    else:
+        tensors = sd3_state_dict(transformer, encoder("text_encoder"), encoder("text_encoder_2"),
+                                 dtype=dtype)
+    return save_flow_lora(path, tensors, flow_info(model, cfg), build_lora_metadata(cfg, facts))

@@ -1,0 +1,83 @@
+"""Load a FLUX.1 or SD 3.5 diffusers folder (``FluxPipeline``, ``StableDiffusion3Pipeline``).
+
+The folder's ``model_index.json`` names its pipeline; diffusers' own ``from_pretrained`` reads
+every component, offline. The result is the same :class:`~trainer.models.loader.BaseModel` as
+for the SD families, with the transformer in ``unet`` (the denoiser slot the loop and the
+methods use), T5 in ``text_encoder_2`` (FLUX.1) or ``text_encoder_3`` (SD 3.5), and the
+variant for people and for the files' metadata:
+
+- FLUX.1 **dev** has a guidance embedder (``guidance_embeds``: guidance-distilled) and reads
+  512 T5 tokens; **schnell** has none and reads 256 (sd-scripts' defaults);
+- SD 3.5 **medium** has MMDiT-X's second attention in its first blocks
+  (``dual_attention_layers``), SD 3.5 **large** normalises q and k (``qk_norm``) without it, and
+  SD 3 medium has neither; the variants are named as sd-scripts' ``ss_base_model_version``
+  writes them: ``5-medium``, ``5-large``, ``medium``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+from trainer.models.families import ModelLoadError
+
+FIELD = "model.pretrained_model_name_or_path"
+PIPELINES = {"FluxPipeline": "flux1", "StableDiffusion3Pipeline": "sd3"}
+T5_LENGTHS = {"dev": 512, "schnell": 256}
+SD3_T5_LENGTH = 256
+
+
+def folder_flow_family(path: Path) -> Optional[str]:
+    """``flux1`` / ``sd3`` for a diffusers folder of those pipelines, else None."""
+    try:
+        index = json.loads((path / "model_index.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return PIPELINES.get(index.get("_class_name", ""))
+
+
+def variant_of(family: str, transformer_config: Any) -> str:
+    """dev / schnell for FLUX.1; 5-medium / 5-large / medium for SD 3.x (sd-scripts' names)."""
+    if family == "flux1":
+        return "dev" if transformer_config.get("guidance_embeds") else "schnell"
+    if transformer_config.get("dual_attention_layers"):
+        return "5-medium"
+    return "5-large" if transformer_config.get("qk_norm") else "medium"
+
+
+def describe(family: str, variant: str) -> str:
+    if family == "flux1":
+        return "FLUX.1-dev, guidance-distilled" if variant == "dev" else "FLUX.1-schnell"
+    return {"5-medium": "SD 3.5 medium", "5-large": "SD 3.5 large"}.get(variant, "SD 3 medium")
+
+
+def t5_length(family: str, variant: str, setting: Optional[int]) -> int:
+    if setting is not None:
+        return setting
+    return T5_LENGTHS[variant] if family == "flux1" else SD3_T5_LENGTH
+
+
+def load_flow_folder(path: Path, section: Any, family: str) -> dict[str, Any]:
+    """The BaseModel fields of a FLUX.1 / SD 3.5 diffusers folder (see the module docstring)."""
+    import diffusers
+
+    if section.model_version not in ("auto", family):
+        raise ModelLoadError(f"{FIELD} = {str(path)!r}: model.model_version = "
+                             f"{section.model_version!r}, but the folder holds a "
+                             f"{'FLUX.1' if family == 'flux1' else 'SD 3.5'} pipeline; set it "
+                             f"to 'auto' or {family!r}")
+    cls = diffusers.FluxPipeline if family == "flux1" else diffusers.StableDiffusion3Pipeline
+    try:
+        parts = cls.from_pretrained(path, local_files_only=True).components
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(f"{FIELD} = {str(path)!r}: cannot load the diffusers folder "
+                             f"({exc})") from None
+    transformer = parts.pop("transformer")
+    variant = variant_of(family, transformer.config)
+    fields = {"unet": transformer, "noise_scheduler": parts.pop("scheduler"), **parts}
+    fields.pop("image_encoder", None)  # FLUX.1 Redux / IP-Adapter parts: not trained here
+    fields.pop("feature_extractor", None)
+    return dict(fields, version=family, variant=variant, prediction_type="flow",
+                source=str(path), name=path.name, description=describe(family, variant),
+                t5_max_length=t5_length(family, variant, section.t5xxl_max_token_length))
