@@ -75,7 +75,7 @@ def test_a_dreambooth_file_loads_in_the_dreambooth_tab_only(built, tmp_path):
 
 
 @pytest.mark.parametrize(("data", "said"), [
-    ({"LoRA_type": "Flux1", "network_dim": 4}, 'LoRA_type = "Flux1": a FLUX.1 config'),
+    ({"LoRA_type": "Lumina", "network_dim": 4}, "Lumina"),  # FLUX.1 and SD3 import now
     ('{"LoRA_type": "Standard",\n "network_dim": }', "not valid JSON"),
     ({"LoRA_type": "Standard", "network_dim": 5000}, "network.network_dim = 5000"),
 ])

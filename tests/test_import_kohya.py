@@ -1,7 +1,8 @@
-"""Importing kohya_ss GUI JSON configs: every shipped preset imports (or, for FLUX.1 / SD3, is
-refused naming the key), kohya's value conventions convert right, every key is accounted for in
-the report, and an imported config trains on the tiny model - the same run from the config as
-from its TOML - for each (network type, optimizer) pair that the presets use."""
+"""Importing kohya_ss GUI JSON configs: every shipped preset imports (FLUX.1 / SD3 ones in
+test_import_kohya_flow.py; other families are refused naming the key), kohya's value
+conventions convert right, every key is accounted for in the report, and an imported config
+trains on the tiny model - the same run from the config as from its TOML - for each
+(network type, optimizer) pair that the presets use."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def presets(group: str) -> dict[str, dict]:
     return json.loads((DATA / f"{group}_presets.json").read_text())["presets"]
 
 
-LORA, FINETUNE, REFUSED = presets("lora"), presets("finetune"), presets("refused")
+LORA, FINETUNE = presets("lora"), presets("finetune")
 TYPES = {"Standard": "lora", "LyCORIS/LoCon": "locon", "LyCORIS/LoHa": "loha",
          "LyCORIS/LoKr": "lokr", "LyCORIS/iA3": "ia3"}
 
@@ -81,15 +82,15 @@ def test_an_out_of_range_value_names_our_key_and_the_kohya_key():
     assert "kohya_ss key optimizer_args" in str(err.value)
 
 
-@pytest.mark.parametrize(("name", "named"), [
-    ("lora/flux1D - adamw8bit fp8", 'LoRA_type = "Flux1": a FLUX.1 config'),
-    ("dreambooth/sd3 bdsqlsz v1", "sd3_checkbox = true: a Stable Diffusion 3 config"),
-    ("dreambooth/sd3 bdsqlsz v2", "sd3_checkbox = true: a Stable Diffusion 3 config")])
-def test_other_families_are_refused_naming_the_key(name, named):
+@pytest.mark.parametrize(("data", "named"), [
+    ({"LoRA_type": "Lumina", "network_dim": 8}, 'LoRA_type = "Lumina": a Lumina Image 2.0'),
+    ({"LoRA_type": "Standard", "hunyuan_image_checkbox": True},
+     "hunyuan_image_checkbox = true: a HunyuanImage config")])
+def test_other_families_are_refused_naming_the_key(data, named):
     with pytest.raises(ConfigError) as err:
-        import_kohya(REFUSED[name], source=name)
+        import_kohya(data, source="x.json")
     assert len(err.value.problems) == 1 and named in str(err.value)
-    assert "SD 1.x, SD 2.x and SDXL only" in str(err.value)
+    assert "SD 1.x, SD 2.x, SDXL, FLUX.1 and SD 3.5 only" in str(err.value)
 
 
 def test_strings_empty_values_and_zero_mean_what_kohya_means():

@@ -12,6 +12,7 @@ from typing import Any
 
 from trainer.config.plan import plan_steps
 from trainer.importers import kohya_convert as c
+from trainer.importers import kohya_flow
 from trainer.importers.kohya_network import NETWORK_KEYS, network, optimizer
 from trainer.importers.kohya_report import Ctx
 from trainer.importers.kohya_table import (
@@ -344,4 +345,5 @@ DERIVED: list[tuple[tuple[str, ...], Any]] = [
     (NETWORK_KEYS, network),
     (("optimizer", "optimizer_args"), optimizer),
     (("additional_parameters",), additional_parameters),
+    (kohya_flow.KEYS, kohya_flow.flow),  # last: it drops the DDPM options mapped above
 ]

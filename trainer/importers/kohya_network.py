@@ -31,6 +31,7 @@ _DROP = ("rank_dropout", "module_dropout")
 _LYCO = _DROP + ("train_norm", "use_tucker", "use_scalar", "dora_wd")
 LORA_TYPES: dict[str, NetType] = {
     "Standard": NetType("lora", False, _DROP),
+    "Flux1": NetType("lora", False, _DROP),  # networks.lora_flux (kohya_flow.py: the rest)
     "Kohya LoCon": NetType("lora", True, _DROP),
     "LoCon": NetType("locon", True, _LYCO),
     "LyCORIS/LoCon": NetType("locon", True, _LYCO),
@@ -42,7 +43,7 @@ LORA_TYPES: dict[str, NetType] = {
     "LyCORIS/iA3": NetType("ia3", False, ("train_on_input",), rank=False),
 }
 NOT_TRAINED = ("LyCORIS/BOFT", "LyCORIS/Diag-OFT", "LyCORIS/DyLoRA", "LyCORIS/GLoRA",
-               "LyCORIS/Native Fine-Tuning", "Kohya DyLoRA", "LoRA-FA")
+               "LyCORIS/Native Fine-Tuning", "Kohya DyLoRA", "LoRA-FA", "Flux1 OFT")
 
 EXTRA_TARGETS = {  # kohya key -> (our key, converter)
     "rank_dropout": ("network.rank_dropout", c.nonzero(c.to_float)),

@@ -7,7 +7,8 @@ The mode comes from the file: the LoRA tab's keys (LoRA_type, network_dim...) gi
 the finetune tab's (image_folder, train_dir...) ``dreambooth`` (whole-model training; noted),
 the DreamBooth tab's ``dreambooth`` and the textual-inversion tab's (token_string)
 ``textual_inversion``; ``mode`` overrides it. Files for families this studio does not train
-(FLUX.1, SD3, ...) are refused naming the key. Every key of the file lands in the report:
+(HunyuanImage, Anima, Lumina) are refused naming the key;
+FLUX.1 and SD3 files import (kohya_flow.py). Every key of the file lands in the report:
 imported (kohya_table.DIRECT, kohya_derived.DERIVED), left at the default, not supported or not
 needed (each with its reason), or unknown.
 """
@@ -84,7 +85,8 @@ def refuse_other_families(data: Mapping[str, Any], source: str) -> None:
     if found:
         key, value, family = found[0]
         raise ConfigError([f"{key} = {json.dumps(value)}: a {family} config; this studio trains "
-                           f"SD 1.x, SD 2.x and SDXL only, so it cannot be imported"], source)
+                           f"SD 1.x, SD 2.x, SDXL, FLUX.1 and SD 3.5 only, so it cannot be "
+                           f"imported"], source)
 
 
 def import_kohya(data: Mapping[str, Any], mode: str | None = None,

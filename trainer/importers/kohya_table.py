@@ -256,7 +256,7 @@ NOT_SUPPORTED: dict[str, str] = {
     "no_token_padding": "unpadded text-encoder input",
     "train_inpainting": "inpainting models",
     "full_fp16": "fp16 weights (training.full_bf16 is supported)",
-    "fp8_base": "fp8 base weights",
+    "fp8_base": "fp8 base weights (issue 19, not in this version)",
     "metadata_tags": "no tags field in the saved metadata",
     "training_comment": "no comment field in the saved metadata (saving.metadata_description "
                         "is one)",
@@ -287,14 +287,15 @@ _FAMILY_KEYS = (
     "ggpo_beta", "ggpo_sigma", "train_lora_ggpo",
 )
 _FAMILY_PREFIXES = ("flux1_", "flux_", "sd3_", "anima_", "lumina_", "hunyuan_")
-FAMILY_REASON = "a setting of FLUX.1 / SD3 / other families, which this studio does not train"
+FAMILY_REASON = ("a setting of another model family (HunyuanImage, Anima, Lumina: not trained "
+                 "here; FLUX.1 / SD3 keys are read with flux1_checkbox / sd3_checkbox)")
 
-# Keys that say the file is for a family this studio does not train (refused when true).
-FAMILY_SWITCHES = {"flux1_checkbox": "FLUX.1", "sd3_checkbox": "Stable Diffusion 3",
-                   "hunyuan_image_checkbox": "HunyuanImage", "anima_checkbox": "Anima",
+# Keys that say the file is for a family this studio does not train (refused when true);
+# FLUX.1 and SD3 (flux1_checkbox, sd3_checkbox, LoRA_type Flux1) are kohya_flow.py's.
+FAMILY_SWITCHES = {"hunyuan_image_checkbox": "HunyuanImage", "anima_checkbox": "Anima",
                    "lumina_checkbox": "Lumina Image 2.0"}
-FAMILY_LORA_TYPES = {"Flux1": "FLUX.1", "Flux1 OFT": "FLUX.1", "HunyuanImage-2.1":
-                     "HunyuanImage", "Anima": "Anima", "Lumina": "Lumina Image 2.0"}
+FAMILY_LORA_TYPES = {"HunyuanImage-2.1": "HunyuanImage", "Anima": "Anima",
+                     "Lumina": "Lumina Image 2.0"}
 
 
 def is_family_key(key: str) -> bool:
