@@ -163,4 +163,7 @@ def test_bitsandbytes_is_imported_only_for_an_8bit_optimizer():
                           cwd=PROJECT_ROOT, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().startswith("bitsandbytes.optim")
-    assert "gemm_4bit_forward" not in proc.stderr
+    # and quiet: what the libraries log on the way (bitsandbytes' optional CPU kernel, the image
+    # processors' fallback) is debug-level chatter (trainer.system.quiet), so nothing reaches
+    # stderr, whatever the libraries' wording
+    assert proc.stderr == ""

@@ -8,6 +8,8 @@
 - :mod:`~trainer.system.distributed`: ranks, the process group and rank-0-only work;
 - :mod:`~trainer.system.speed`: compile and fused-kernel settings;
 - :mod:`~trainer.system.lazy_imports`: bitsandbytes imported only when an optimizer needs it;
+- :mod:`~trainer.system.quiet`: known-harmless third-party warnings and progress bars at debug
+  level, out of the studio's output;
 - :mod:`~trainer.system.safe_write`: files written atomically (a temporary file, then
   ``os.replace``), never half-written.
 
