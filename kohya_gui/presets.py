@@ -48,12 +48,7 @@ def find_preset(mode: str, name_or_path: str) -> Path:
 def read_config(path: str | Path, mode: str | None = None) -> TrainConfig:
     """A preset or config file; without a ``mode`` key it takes ``mode`` (the tab's)."""
     path = Path(path).expanduser()
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise config_io.ConfigError(["file not found; check the path"], str(path)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise config_io.ConfigError([f"cannot read the file ({exc})"], str(path)) from None
+    text = config_io.read_config_text(path)  # size, UTF-8, folder: one error naming the file
     data = config_io.load_toml_text(text, str(path))
     if mode is not None:
         data.setdefault("mode", mode)

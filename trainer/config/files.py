@@ -7,6 +7,7 @@ GUI form) ends in :func:`from_dict`, so every path gets the same validation and 
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -97,21 +98,79 @@ def migrate(data: dict[str, Any], source: str | None = None) -> dict[str, Any]:
     return data
 
 
+MAX_CONFIG_BYTES = 4 * 2**20  # a config, a preset, a kohya_ss file, a dataset TOML
+MAX_DEPTH = 32  # tables and lists inside each other
+MAX_INT = 2**63 - 1
+
+
+def value_problems(data: Any, where: str = "", depth: int = 0) -> list[str]:
+    """What no setting can hold, anywhere in a parsed file: nesting deeper than
+    :data:`MAX_DEPTH`, numbers that are not finite (1e999 reads as inf) or do not fit in 64
+    bits. The schema then checks each setting's own range and type."""
+    if depth > MAX_DEPTH:
+        return [f"{where or 'the file'}: nested more than {MAX_DEPTH} levels deep"]
+    if isinstance(data, dict):
+        items = data.items()
+    elif isinstance(data, list):
+        items = ((f"[{i}]", v) for i, v in enumerate(data))
+    elif isinstance(data, float) and not math.isfinite(data):
+        return [f"{where} = {data}: not a finite number"]
+    elif isinstance(data, int) and not isinstance(data, bool) and abs(data) > MAX_INT:
+        shown = str(data) if len(str(data)) <= 40 else str(data)[:37] + "..."
+        return [f"{where} = {shown}: too large (more than 2^63)"]
+    else:
+        return []
+    problems: list[str] = []
+    for key, value in items:
+        name = f"{where}{key}" if str(key).startswith("[") else (
+            f"{where}.{key}" if where else str(key))
+        problems += value_problems(value, name, depth + 1)
+        if len(problems) >= 10:
+            break
+    return problems
+
+
+def check_values(data: Any, source: str | None = None) -> Any:
+    """``data`` when :func:`value_problems` finds nothing, else a ConfigError naming them."""
+    problems = value_problems(data)
+    if problems:
+        raise ConfigError(problems, source)
+    return data
+
+
 def load_toml_text(text: str, source: str | None = None) -> dict[str, Any]:
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ConfigError([f"{len(text) / 2**20:.1f} MB of text: a config is at most "
+                           f"{MAX_CONFIG_BYTES // 2**20} MB"], source)
     try:
-        return tomllib.loads(text)
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([f"not valid TOML: {exc}"], source) from None
+    except RecursionError:
+        raise ConfigError([f"not valid TOML here: nested more than {MAX_DEPTH} levels deep"],
+                          source) from None
+    return check_values(data, source)
 
 
 def read_config_text(path: Path, encoding: str = "utf-8") -> str:
-    """A config file's text; a missing or unreadable file is a ConfigError naming it."""
+    """A config file's text; a missing, unreadable, oversized or non-UTF-8 file is a
+    ConfigError naming it."""
     try:
+        if path.is_dir():
+            raise ConfigError(["is a folder, not a config file"], str(path))
+        size = path.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise ConfigError([f"the file is {size / 2**20:.1f} MB; a config file is at most "
+                               f"{MAX_CONFIG_BYTES // 2**20} MB: is it the right file?"],
+                              str(path))
         return path.read_text(encoding=encoding)
     except FileNotFoundError:
         raise ConfigError(["file not found; check the path"], str(path)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError([f"cannot read the file ({exc})"], str(path)) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError([f"not UTF-8 text (invalid byte at position {exc.start}); save it "
+                           "as UTF-8"], str(path)) from None
+    except OSError as exc:
+        raise ConfigError([f"cannot read the file ({exc.strerror or exc})"], str(path)) from None
 
 
 def load(path: str | Path, overrides: Iterable[str] = ()) -> TrainConfig:

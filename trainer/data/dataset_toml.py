@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-import tomllib
 from pydantic import ValidationError
 
 from trainer.config import DatasetSection, TrainingSection
@@ -161,14 +160,14 @@ def _tables(value: Any, name: str, table: str, problems: list[str]) -> list[dict
 
 def read_toml(path: Path) -> dict[str, Any]:
     """The raw TOML of ``path``; a missing or broken file raises DatasetTomlError."""
-    try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise DatasetTomlError(["file not found; check dataset.dataset_config"], path) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DatasetTomlError([f"cannot read the file ({exc})"], path) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise DatasetTomlError([f"not valid TOML: {exc}"], path) from None
+    from trainer.config import files as config_io
+
+    if not path.exists():
+        raise DatasetTomlError(["file not found; check dataset.dataset_config"], path)
+    try:  # the size, UTF-8, TOML, nesting and number checks of every config file
+        return config_io.load_toml_text(config_io.read_config_text(path), str(path))
+    except config_io.ConfigError as exc:
+        raise DatasetTomlError(exc.problems, path) from None
 
 
 def _validated(raw: dict[str, Any], problems: list[str]) -> tuple[dict, list[dict]]:

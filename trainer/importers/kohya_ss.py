@@ -59,6 +59,10 @@ def read_json(path: str | Path) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise ConfigError([f"not valid JSON: {exc.msg} at line {exc.lineno}, column "
                            f"{exc.colno}"], str(path)) from None
+    except RecursionError:
+        raise ConfigError([f"not valid JSON here: nested more than {config_io.MAX_DEPTH} "
+                           "levels deep"], str(path)) from None
+    config_io.check_values(data, str(path))
     if not isinstance(data, dict):
         raise ConfigError(["a kohya_ss config is a JSON object ({...}), not a "
                            f"{type(data).__name__}"], str(path))
