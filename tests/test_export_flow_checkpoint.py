@@ -15,6 +15,7 @@ import json
 
 import pytest
 import torch
+from flow_helpers import scale_diffusers_flux_split
 from safetensors import safe_open
 
 from trainer.export.flow_checkpoint import flow_state_dict, save_flow_checkpoint, swap_halves
@@ -83,18 +84,7 @@ def assert_same(actual, expected):
 
 @pytest.fixture
 def diffusers_flux_width(monkeypatch):
-    """diffusers 0.42's FLUX converter splits ``linear1`` with FLUX.1's fixed sizes (3072 x 3 +
-    12288); scale those sizes to the file's width so that the rest of its code runs as is."""
-    real = torch.split
-
-    def split(tensor, sizes, dim=0):
-        if isinstance(sizes, (tuple, list)) and tuple(sizes) == (3072, 3072, 3072, 12288) \
-                and tensor.shape[0] != sum(sizes):
-            width = tensor.shape[0] // 7  # 3 x width + 4 x width (mlp_ratio 4)
-            sizes = (width, width, width, 4 * width)
-        return real(tensor, sizes, dim)
-
-    monkeypatch.setattr(torch, "split", split)
+    scale_diffusers_flux_split(monkeypatch)
 
 
 @pytest.mark.parametrize("variant", ["dev", "schnell"])

@@ -3,15 +3,17 @@ the trained output, samples and validation through the family, the family's rule
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 from diffusers import FluxPipeline, StableDiffusion3Pipeline
+from flow_helpers import scale_diffusers_flux_split
 from safetensors import safe_open
 from train_helpers import one_image_dataset, small_config
 
-from trainer.events import ListSink, Sample, Validation
+from trainer.events import ListSink, Log, Sample, Validation
 from trainer.methods.lora import LoraMethod
 from trainer.models.conditioning import family_of
 from trainer.models.loader import resolve_model_path
@@ -124,3 +126,74 @@ def test_the_family_rules_run_again_once_a_checkpoint_is_read(tmp_path):
     assert result.status == "failed" and result.step == 0
     assert "training.min_snr_gamma is a DDPM option; FLUX.1 trains with flow matching" \
         in result.error
+
+
+@pytest.mark.parametrize("family", ["flux1", "sd3"])
+def test_dreambooth_writes_a_single_file_and_a_folder_equal_to_the_trained_model(
+        tmp_path, monkeypatch, family):
+    """The transformer trains whole; diffusers reads back the original-layout file
+    (``from_single_file``) and the folder (``from_pretrained``) equal to what trained."""
+    from diffusers import FluxTransformer2DModel, SD3Transformer2DModel
+
+    cfg = flow_config(tmp_path, family, training={"max_train_steps": 2},
+                      optimizer={"learning_rate": 1e-3})
+    cfg = cfg.model_copy(update={"mode": "dreambooth"})
+    result = run(cfg, ListSink())
+    assert result.status == "finished", result.error
+    folder = result.output_path.removesuffix(".safetensors")
+    pipe = PIPELINES[family].from_pretrained(folder, local_files_only=True)
+    base = PIPELINES[family].from_pretrained(resolve_model_path(MODELS[family]),
+                                             local_files_only=True)
+    trained = predict(pipe.transformer, family, cfg)
+    assert (trained - predict(base.transformer, family, cfg)).abs().max() > 1e-4
+    cls = FluxTransformer2DModel if family == "flux1" else SD3Transformer2DModel
+    if family == "flux1":
+        scale_diffusers_flux_split(monkeypatch)
+    single = cls.from_single_file(result.output_path, subfolder="transformer",
+                                  config=str(resolve_model_path(MODELS[family])),
+                                  local_files_only=True)
+    torch.testing.assert_close(predict(single, family, cfg), trained, atol=1e-5, rtol=1e-5)
+
+
+def single_file_model(tmp_path, family: str) -> dict:
+    """The tiny model as users have the real ones: FLUX.1's transformer alone in BFL's layout
+    with separate ae / clip_l / t5xxl files; SD 3.5 as one file with its text encoders."""
+    from safetensors.torch import save_file
+
+    from trainer.export.flow_checkpoint import (
+        clip_tensors,
+        save_flow_checkpoint,
+        t5_tensors,
+        vae_tensors,
+    )
+
+    folder = resolve_model_path(MODELS[family])
+    parts = PIPELINES[family].from_pretrained(folder, local_files_only=True).components
+    model = {"config_dir": str(folder), "tokenizer": str(folder)}
+    if family == "sd3":
+        path = save_flow_checkpoint(tmp_path / "sd3.5_medium.safetensors", parts, "sd35-medium",
+                                    parts=["transformer", "vae", "clip_l", "clip_g", "t5xxl"],
+                                    dtype=None)
+        return {**model, "pretrained_model_name_or_path": str(path)}
+    path = save_flow_checkpoint(tmp_path / "flux1-dev.safetensors", parts, "flux1-dev",
+                                dtype=None)
+    for name, tensors in (("ae", vae_tensors(parts["vae"])),
+                          ("clip_l", clip_tensors(parts["text_encoder"])),
+                          ("t5xxl", t5_tensors(parts["text_encoder_2"]))):
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp_path / f"{name}.st"))
+        model[name] = str(tmp_path / f"{name}.st")
+    return {**model, "pretrained_model_name_or_path": str(path)}
+
+
+@pytest.mark.parametrize("family", ["flux1", "sd3"])
+def test_lora_and_dreambooth_train_from_single_files(tmp_path, family):
+    model = single_file_model(tmp_path, family)
+    for mode in ("lora", "dreambooth"):
+        cfg = flow_config(tmp_path, family, model=model, training={"max_train_steps": 2},
+                          saving={"output_name": mode})
+        sink = ListSink()
+        result = run(cfg.model_copy(update={"mode": mode}), sink)
+        assert result.status == "finished", result.error
+        assert Path(result.output_path).is_file()
+        described = "FLUX.1-dev, guidance-distilled" if family == "flux1" else "SD 3.5 medium"
+        assert any(described in log.message for log in sink.of(Log)), mode

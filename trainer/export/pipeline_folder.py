@@ -19,8 +19,14 @@ from trainer.system.safe_write import atomic_dir
 
 
 def _weights(module: torch.nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    out = {}
+    """The state dict at ``dtype`` on the CPU; a tensor tied to an earlier one (T5's token
+    embedding, ``shared`` and ``encoder.embed_tokens``) is written once, under its first name,
+    as transformers writes it and re-ties it on load."""
+    out, seen = {}, set()
     for key, tensor in module.state_dict().items():
+        if tensor.data_ptr() in seen and tensor.numel():
+            continue
+        seen.add(tensor.data_ptr())
         t = tensor.detach().to("cpu")
         out[key] = (t.to(dtype) if t.is_floating_point() else t).contiguous()
     return out
@@ -66,4 +72,28 @@ def save_pipeline_folder(path: str | Path, model: Any, unet: Any, text_encoder: 
                 tok = "tokenizer" + name[len("text_encoder"):]
                 parts[tok].save_pretrained(tmp / tok)
         scheduler.save_pretrained(tmp / "scheduler")
+    return path
+
+
+def save_flow_pipeline_folder(path: str | Path, model: Any, transformer: Any,
+                              encoders: dict[str, Any], dtype: torch.dtype) -> Path:
+    """Write a FLUX.1 / SD 3.5 ``model`` as its ``FluxPipeline`` / ``StableDiffusion3Pipeline``
+    folder, with ``transformer`` and the text encoders of ``encoders`` (name -> unwrapped
+    module; the model's own for the others) at ``dtype``; the scheduler as loaded."""
+    from trainer.models.conditioning import family_of
+
+    family = family_of(model)
+    names = [name for name, _, _ in family.text_encoders(model)]
+    modules = {name: encoders.get(name, getattr(model, name)) for name in names}
+    pipe = family.pipeline(model, transformer, model.noise_scheduler)
+    path = Path(path)
+    with atomic_dir(path) as tmp:
+        pipe.save_config(tmp)  # model_index.json
+        _diffusers_model(transformer, tmp / "transformer", dtype)
+        _diffusers_model(model.vae, tmp / "vae", dtype)
+        for name, module in modules.items():
+            _transformers_model(module, tmp / name, dtype)
+            tok = "tokenizer" + name[len("text_encoder"):]
+            getattr(model, tok).save_pretrained(tmp / tok)
+        model.noise_scheduler.save_pretrained(tmp / "scheduler")
     return path

@@ -1,11 +1,12 @@
-"""DreamBooth: the UNet's own weights train (and the text encoder's, when asked).
+"""DreamBooth: the denoiser's own weights train (and the text encoders', when asked).
 
 Prior preservation is the data pipeline's: regularization images interleave with the training
 images and their loss is weighted by ``training.prior_loss_weight``; missing class images are
 generated before training (trainer/run/class_images.py). The result is saved as a single-file
 checkpoint in the original layout (``<name>.safetensors``, what AUTOMATIC1111 and ComfyUI load)
 and, for the final save (or every save with ``saving.intermediate_diffusers``), as a diffusers
-folder ``<name>/`` beside it.
+folder ``<name>/`` beside it. FLUX.1's file is in Black Forest Labs' layout, SD 3.5's in
+Stability's (trainer/export/flow_checkpoint.py).
 """
 
 from __future__ import annotations
@@ -14,17 +15,20 @@ from pathlib import Path
 from typing import Any
 
 from trainer.methods.base import MethodBase
+from trainer.models.conditioning import family_of
+
+# a whole FLUX.1 / SD 3.5 checkpoint's parts (trainer/export/flow_checkpoint.py's names)
+FLOW_PARTS = {"flux1": ("transformer", "vae", "clip_l", "t5xxl"),
+              "sd3": ("transformer", "vae", "clip_l", "clip_g", "t5xxl")}
 
 
 class DreamBoothMethod(MethodBase):
     def prepare(self, model: Any) -> list[dict[str, Any]]:
-        from trainer.methods.lora import family_text_encoders
-
         net, opt = self.cfg.network, self.cfg.optimizer
         encoders = self.trained_text_encoders(model)
         model.vae.requires_grad_(False)
         model.unet.requires_grad_(net.train_unet)
-        for _, encoder, _ in family_text_encoders(model):
+        for _, encoder, _ in family_of(model).text_encoders(model):
             encoder.requires_grad_(False)
         groups: list[dict[str, Any]] = []
         if net.train_unet:
@@ -40,6 +44,8 @@ class DreamBoothMethod(MethodBase):
         return groups
 
     def save(self, path: Path, model: Any, facts: Any, final: bool = True) -> Path:
+        if model.version in ("flux1", "sd3"):
+            return self._save_flow(path, model, facts, final)
         from trainer.export.checkpoint import save_checkpoint
         from trainer.export.lora import unwrap
         from trainer.export.metadata import modelspec_metadata
@@ -55,3 +61,35 @@ class DreamBoothMethod(MethodBase):
             save_pipeline_folder(path.with_suffix(""), model, unet, text_encoder,
                                  self.save_dtype, text_encoder_2=te2)
         return path
+
+    def _save_flow(self, path: Path, model: Any, facts: Any, final: bool) -> Path:
+        """FLUX.1 / SD 3.5: one file in the original layout (BFL's transformer alone, or SAI's
+        transformer + VAE, as those models ship; with every component, ComfyUI's "all in one"
+        form, when a text encoder trained) and the diffusers folder."""
+        from trainer.export.flow_checkpoint import save_flow_checkpoint
+        from trainer.export.lora import unwrap
+        from trainer.export.pipeline_folder import save_flow_pipeline_folder
+
+        transformer = unwrap(model.unet)
+        trained = {name: unwrap(encoder) for name, encoder, _ in
+                   self.trained_text_encoders(model)}
+        components = {"transformer": transformer, "vae": model.vae}
+        for name, _, _ in family_of(model).text_encoders(model):
+            components[name] = trained.get(name, getattr(model, name))
+        parts = FLOW_PARTS[model.version]
+        if not trained:
+            parts = parts[:1] if model.version == "flux1" else parts[:2]
+        save_flow_checkpoint(path, components, flow_checkpoint_family(model),
+                             parts=parts, dtype=self.save_dtype)
+        if final or self.cfg.saving.intermediate_diffusers:
+            save_flow_pipeline_folder(path.with_suffix(""), model, transformer, trained,
+                                      self.save_dtype)
+        return path
+
+
+def flow_checkpoint_family(model: Any) -> str:
+    """trainer/export/flow_checkpoint.py's family name of a loaded FLUX.1 / SD 3.x model."""
+    if model.version == "flux1":
+        return f"flux1-{model.variant}"
+    return {"5-large": "sd35-large", "5-medium": "sd35-medium"}.get(model.variant,
+                                                                    "sd3-medium")

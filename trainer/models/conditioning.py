@@ -104,9 +104,9 @@ class SDXLFamily(SD1Family):
 def family_of(model: Any) -> Any:
     """The family object of a loaded model (``model.version``)."""
     if model.version in ("flux1", "sd3"):
-        from trainer.models.flow_conditioning import FluxFamily, SD3Family
+        from trainer.models.flow_conditioning import flow_family
 
-        return FluxFamily() if model.version == "flux1" else SD3Family()
+        return flow_family(model.version)
     return SDXLFamily() if model.version == "sdxl" else SD1Family()
 
 

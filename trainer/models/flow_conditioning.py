@@ -96,6 +96,11 @@ class FluxFamily:
         return None
 
 
+def flow_family(version: str) -> FluxFamily:
+    """The family object of ``model.version`` ``flux1`` or ``sd3``."""
+    return FluxFamily() if version == "flux1" else SD3Family()
+
+
 class SD3Family(FluxFamily):
     """SD 3 and 3.5: CLIP-L + CLIP-G + T5-XXL joined, unpacked latents, timestep sigma x 1000."""
 

@@ -81,3 +81,47 @@ def load_flow_folder(path: Path, section: Any, family: str) -> dict[str, Any]:
     return dict(fields, version=family, variant=variant, prediction_type="flow",
                 source=str(path), name=path.name, description=describe(family, variant),
                 t5_max_length=t5_length(family, variant, section.t5xxl_max_token_length))
+
+
+def is_flow_single_file(path: Path) -> bool:
+    """Whether a ``.safetensors`` file's header is a FLUX.1 / SD 3.x model (header only)."""
+    from safetensors import safe_open
+
+    from trainer.models.flow_families import is_flow_file
+
+    if path.suffix.lower() != ".safetensors":
+        return False
+    try:
+        with safe_open(str(path), "pt") as f:
+            return is_flow_file(list(f.keys()))
+    except (OSError, ValueError, RuntimeError):
+        return False  # the SD loader reports what is wrong with the file
+
+
+def load_flow_file(path: Path, section: Any, dtype: Any = None) -> dict[str, Any]:
+    """The BaseModel fields of a FLUX.1 / SD 3.x single file and the component files that
+    ``model.ae`` / ``clip_l`` / ``clip_g`` / ``t5xxl`` name (trainer/models/flow_single_file.py);
+    built in ``dtype`` (the run's compute dtype: a 12B FLUX.1 in fp32 is 48 GB)."""
+    import torch
+
+    from trainer.models.flow_families import detect_flow_file
+    from trainer.models.flow_single_file import load_flow_components
+
+    info = detect_flow_file(path)
+    if section.model_version not in ("auto", info.version):
+        raise ModelLoadError(f"{FIELD} = {str(path)!r}: model.model_version = "
+                             f"{section.model_version!r}, but the file is {info.description}; "
+                             f"set it to 'auto' or {info.version!r}")
+    if section.vae:
+        raise ModelLoadError(f"model.vae is set, but {FIELD} is a FLUX.1 / SD 3.x file: name "
+                             f"its autoencoder with model.ae (FLUX.1) or leave the file's own")
+    parts = load_flow_components(path, ae=section.ae, clip_l=section.clip_l,
+                                 clip_g=section.clip_g, t5xxl=section.t5xxl,
+                                 config_dir=section.config_dir, tokenizer=section.tokenizer,
+                                 dtype=dtype or torch.float32)
+    transformer = parts.pop("transformer")
+    return dict(parts, unet=transformer, noise_scheduler=parts.pop("scheduler"),
+                version=info.version, variant=info.variant, prediction_type="flow",
+                source=str(path), name=path.stem, description=info.description,
+                t5_max_length=t5_length(info.version, info.variant,
+                                        section.t5xxl_max_token_length))

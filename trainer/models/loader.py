@@ -90,8 +90,9 @@ def resolve_model_path(value: str) -> Path:
     return Path(value).expanduser()
 
 
-def load_base_model(section: ModelSection) -> BaseModel:
-    """The base model that ``section`` names."""
+def load_base_model(section: ModelSection, dtype: Any = None) -> BaseModel:
+    """The base model that ``section`` names; ``dtype``: the run's compute dtype, which a
+    FLUX.1 / SD 3.x single file is built in (the others load in fp32)."""
     path = resolve_model_path(section.pretrained_model_name_or_path)
     if not path.exists():
         raise ModelLoadError(
@@ -105,7 +106,12 @@ def load_base_model(section: ModelSection) -> BaseModel:
         cached = _cache_folder(path, section) if section.cache_as_diffusers else None
         if cached is not None and (cached / CACHE_INFO).is_file():
             return _from_cache(cached, path, section)
-        model = _from_single_file(path, section)
+        from trainer.models.flow_loader import is_flow_single_file, load_flow_file
+
+        if is_flow_single_file(path):
+            model = BaseModel(**load_flow_file(path, section, dtype))
+        else:
+            model = _from_single_file(path, section)
         if cached is not None:
             _save_cache(model, cached)
         return model
@@ -325,9 +331,13 @@ def _cache_folder(path: Path, section: ModelSection) -> Path:
 def _save_cache(model: BaseModel, folder: Path) -> None:
     from diffusers import StableDiffusionPipeline, StableDiffusionXLPipeline
 
+    from trainer.models.flow_conditioning import flow_family
+
     common = dict(unet=model.unet, vae=model.vae, text_encoder=model.text_encoder,
                   tokenizer=model.tokenizer, scheduler=model.noise_scheduler)
-    if model.version == "sdxl":
+    if model.version in ("flux1", "sd3"):
+        pipe = flow_family(model.version).pipeline(model, model.unet, model.noise_scheduler)
+    elif model.version == "sdxl":
         pipe = StableDiffusionXLPipeline(**common, text_encoder_2=model.text_encoder_2,
                                          tokenizer_2=model.tokenizer_2, add_watermarker=False)
     else:
