@@ -5,12 +5,21 @@ Each entry is what the page shows of a finished job (id, label, status, output) 
 resume needs: the resolved config the run wrote beside its outputs (``config_path``) and its
 last training state (``state``). The file is rewritten atomically after every change; a file
 that cannot be read is set aside (renamed ``jobs.json.broken``) and the history starts empty.
+
+A running job is in the file too (status ``running``, its config and, after each save, its last
+training state), so that when the studio's process is killed mid-run the next start lists that
+run as ``interrupted`` and can resume it. One studio process at a time owns a data folder's
+history: :func:`lock` takes an exclusive ``flock`` on ``jobs.json.lock`` (released by the kernel
+when the process dies, even by SIGKILL); a second process is refused with a message that names
+the first one's pid.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import threading
 from pathlib import Path
 from typing import Any, Optional
 
@@ -20,11 +29,56 @@ from trainer.config import files as config_io
 log = logging.getLogger(__name__)
 
 HISTORY_FILE = "jobs.json"
-RESUMABLE = ("stopped", "failed", "finished")
+RESUMABLE = ("stopped", "failed", "finished", "interrupted")
+RUNNING, INTERRUPTED = "running", "interrupted"
+_locks: dict[str, list] = {}  # path -> [open lock file, users in this process]
+_locks_guard = threading.Lock()
 
 
 class HistoryLocked(RuntimeError):
     """Another studio process holds the data folder's job history."""
+
+
+def lock(path: Path) -> None:
+    """Own ``path``'s history for this process (re-entrant within it); raises HistoryLocked
+    when another process owns it."""
+    import fcntl
+
+    key = str(Path(path).resolve())
+    with _locks_guard:
+        if key in _locks:
+            _locks[key][1] += 1
+            return
+        lock_path = Path(key + ".lock")
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(lock_path, "a+", encoding="utf-8")  # noqa: SIM115 - held until unlock
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            owner = handle.read().strip() or "unknown"
+            handle.close()
+            raise HistoryLocked(
+                f"another Kohya Studio (pid {owner}) is using the data folder "
+                f"{lock_path.parent}: stop it first, or start this one with another data folder "
+                f"(KOHYA_STUDIO_HOME=/some/other/folder)") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        _locks[key] = [handle, 1]
+
+
+def unlock(path: Path) -> None:
+    key = str(Path(path).resolve())
+    with _locks_guard:
+        held = _locks.get(key)
+        if held is None:
+            return
+        held[1] -= 1
+        if held[1] <= 0:
+            del _locks[key]
+            held[0].close()  # closing the file releases the flock
 
 
 def default_path() -> Path:
@@ -41,6 +95,9 @@ def load_history(path: Path) -> list[dict[str, Any]]:
         entries = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
             raise ValueError("not a list of jobs")
+        for entry in entries:  # a run that was going when the studio's process died
+            if entry.get("status") in (RUNNING, "queued"):
+                entry["status"] = INTERRUPTED
         return entries
     except (OSError, ValueError) as exc:
         broken = path.with_name(path.name + ".broken")

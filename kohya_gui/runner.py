@@ -25,7 +25,7 @@ from kohya_gui import history
 from kohya_gui.job_state import IDLE, TERMINAL, JobState, curve, smooth  # noqa: F401
 from trainer.config import TrainConfig
 from trainer.config import files as config_io
-from trainer.events import Control, Event, EventSink, Finished
+from trainer.events import Checkpoint, Control, Event, EventSink, Finished
 
 log = logging.getLogger(__name__)
 
@@ -88,11 +88,13 @@ class Runner:
         self._state: JobState | None = None
         # past runs, kept in history_path (the data folder) across restarts of the server
         self.history_path = history_path
+        if history_path is not None:
+            history.lock(history_path)  # one studio process per data folder (HistoryLocked)
         past = history.load_history(history_path) if history_path else []
         self._history: collections.deque[dict[str, Any]] = collections.deque(past, maxlen=20)
         self._ids = itertools.count(1 + max((_job_number(e) for e in past), default=0))
         self._version = 0
-        self._closed = False
+        self._closed = self._unlocked = False
         self._thread = threading.Thread(target=self._worker, name="kohya-trainer", daemon=True)
         self._thread.start()
 
@@ -191,13 +193,23 @@ class Runner:
         return True
 
     def close(self) -> None:
-        """Stop the running job, drop the queue and end the thread."""
+        """Stop the running job, drop the queue and end the thread; the data folder's history
+        is free for another studio process once the running job has ended."""
         with self._cond:
             self._queue.clear()
             self._closed = True
             if self._current is not None:
                 self._current.control.request_stop()
             self._cond.notify_all()
+        if self.history_path is not None and not self._unlocked:
+            self._unlocked = True
+            path = self.history_path
+
+            def release() -> None:
+                self._thread.join(timeout=600)
+                history.unlock(path)
+
+            threading.Thread(target=release, name="kohya-history-unlock", daemon=True).start()
 
     # --- the trainer thread ---
 
@@ -209,7 +221,26 @@ class Runner:
         with self._cond:
             if self._state is not None and self._state.job_id == job.id:
                 self._state.apply(event)
+                if isinstance(event, Checkpoint) and event.state:
+                    self._remember_running(job)  # a kill after this resumes from here
                 self._bump()
+
+    def _running_entry(self, job: Job) -> dict[str, Any]:
+        state = self._state
+        return {"job_id": job.id, "label": job.label, "status": history.RUNNING,
+                "output_path": None, "config_path": state.config_path if state else None,
+                "state": state.last_state if state else None,
+                "started_at": state.started_at if state else time.time()}
+
+    def _remember_running(self, job: Job) -> None:
+        """Keep the running job in the history file (lock held): on the next start of the
+        studio it reads as interrupted, with its last saved state."""
+        self._forget(job.id)
+        self._remember(self._running_entry(job))
+
+    def _forget(self, job_id: str) -> None:
+        for entry in [e for e in self._history if e.get("job_id") == job_id]:
+            self._history.remove(entry)
 
     def _promote(self) -> None:
         """Start the first queued job when nothing runs (call with the lock held)."""
@@ -246,6 +277,7 @@ class Runner:
                     status="failed", step=state.step, error="the trainer ended without a result"))
             job.status = state.status if state else "failed"
             job.cfg = None  # the runner keeps the snapshot, nothing of the run
+            self._forget(job.id)
             self._remember({"job_id": job.id, "label": job.label, "status": job.status,
                             "output_path": state.output_path if state else None,
                             "config_path": state.config_path if state else None,
@@ -271,6 +303,8 @@ class Runner:
                     self._state.config_path = str(path.resolve())
                     self._state.note(f"config written to {path}")
                     self._bump()
+        with self._cond:
+            self._remember_running(job)
         if self.on_start is not None:
             self.on_start(job)
 

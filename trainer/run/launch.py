@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Optional
 
 from trainer.events import Control, Event, EventSink, Finished, NullSink, safe_emit
+from trainer.system import parent_death
 
 EVENTS = "events.jsonl"
 PID = "rank0.pid"
@@ -159,7 +160,8 @@ def run_launched(cfg, sink: Optional[EventSink] = None, control: Optional[Contro
             proc = subprocess.Popen(
                 torchrun_command(folder / "config.toml", folder, nproc, options),
                 stdout=output, stderr=subprocess.STDOUT, env=_environment(nproc),
-                start_new_session=True)  # a terminal's Ctrl-C reaches us, not torchrun
+                start_new_session=True,  # a terminal's Ctrl-C reaches us, not torchrun
+                preexec_fn=parent_death.preexec(signal.SIGTERM))  # we die: torchrun stops
             try:
                 finished = _follow(proc, folder, sink, control, poll)
             finally:
@@ -278,6 +280,7 @@ def worker(config: Path, folder: Path) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     control = Control()
     _stop_on_signals(control)
+    parent_death.die_with_parent(signal.SIGTERM)  # torchrun killed: this rank stops too
     sink: EventSink = NullSink()
     if rank() == 0:
         sink = JsonLinesSink(folder / EVENTS)
