@@ -99,8 +99,11 @@ def file_family(path: Path) -> Optional[str]:
     if header is None:
         return None
     from trainer.models import families
+    from trainer.models.flow_families import is_flow_file
 
     tensors = {k: v for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)}
+    if is_flow_file(set(tensors)):  # FLUX.1 / SD 3.x: the names tell, no shape is needed
+        return "flux1" if any("double_blocks." in k for k in tensors) else "sd3"
     try:
         found = families.detect(set(tensors), lambda key: tuple(tensors[key]["shape"]))
     except (families.ModelLoadError, KeyError, TypeError, IndexError):

@@ -197,3 +197,14 @@ def test_lora_and_dreambooth_train_from_single_files(tmp_path, family):
         assert Path(result.output_path).is_file()
         described = "FLUX.1-dev, guidance-distilled" if family == "flux1" else "SD 3.5 medium"
         assert any(described in log.message for log in sink.of(Log)), mode
+
+
+def test_a_flow_version_on_an_sd_model_names_the_model_setting(tmp_path):
+    """The real-size presets name model_version = flux1 and leave the model to the user: run
+    as they are, they say which setting to point at a FLUX.1 model."""
+    cfg = flow_config(tmp_path, "flux1", model={"pretrained_model_name_or_path":
+                                                "embedded:tiny-sd15", "model_version": "flux1"})
+    result = run(cfg, ListSink())
+    assert result.status == "failed" and result.step == 0
+    assert "model.model_version = 'flux1', but model.pretrained_model_name_or_path holds a " \
+           "SD 1.x model" in result.error

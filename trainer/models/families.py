@@ -169,7 +169,8 @@ def check_builtin_shape(found: Detected) -> None:
 def check_requested(found: Detected, requested: str) -> None:
     """``model.model_version`` set to a family other than the file's is an error."""
     if requested not in ("auto", found.family.name):
-        wanted = FAMILIES[requested].label
+        wanted = FAMILIES[requested].label if requested in FAMILIES else {
+            "flux1": "FLUX.1", "sd3": "SD 3.5"}.get(requested, requested)
         slot = found.family.encoders[-1]
         raise DetectionError(f"model.model_version = {requested!r} ({wanted}), but the file is "
                              f"{found.family.label} (text encoder at {slot.prefix}*); set "

@@ -141,6 +141,11 @@ def _folder_version(path: Path) -> str:
 def _check_folder_version(detected: str, requested: str, width: int) -> str:
     if requested == "auto" or requested == detected:
         return detected
+    if requested in ("flux1", "sd3"):
+        raise ModelLoadError(f"model.model_version = {requested!r}, but {FIELD} holds a "
+                             f"{FAMILIES[detected].label} model; point {FIELD} at a "
+                             f"{'FLUX.1' if requested == 'flux1' else 'SD 3.5'} diffusers "
+                             f"folder or single file, or set model.model_version to 'auto'")
     if "sdxl" in (requested, detected) or width in (768, 1024):
         raise ModelLoadError(f"model.model_version = {requested!r}, but the model looks like "
                              f"{detected} (text encoder width {width}); set it to auto")
