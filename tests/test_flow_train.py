@@ -208,3 +208,27 @@ def test_a_flow_version_on_an_sd_model_names_the_model_setting(tmp_path):
     assert result.status == "failed" and result.step == 0
     assert "model.model_version = 'flux1', but model.pretrained_model_name_or_path holds a " \
            "SD 1.x model" in result.error
+
+
+def test_text_encoder_outputs_kept_on_disk_are_read_back_by_the_next_run(tmp_path):
+    """T5's outputs are the slow part of a FLUX.1 start: with the disk cache the second run
+    encodes no caption and trains the same; a change of the T5 length encodes again."""
+    from trainer.events import Step
+
+    def once(name: str, **model):
+        cfg = flow_config(tmp_path, "flux1", model=model, training={"max_train_steps": 2},
+                          dataset={"cache_text_encoder_outputs_to_disk": True,
+                                   "cache_dir": str(tmp_path / "cache")},
+                          saving={"output_name": name})
+        sink = ListSink()
+        assert run(cfg, sink).status == "finished"
+        ready = [log.message for log in sink.of(Log) if "Text-encoder cache" in log.message]
+        return ready[0], [e.loss for e in sink.of(Step)]
+
+    first, losses = once("a")
+    assert first.startswith("Text-encoder cache ready: 1 caption(s) encoded")
+    assert len(list((tmp_path / "cache").glob("te-*.safetensors"))) == 1
+    again, same = once("b")
+    assert again.startswith("Text-encoder cache ready: 0 caption(s) encoded") and same == losses
+    other, _ = once("c", t5xxl_max_token_length=64)
+    assert other.startswith("Text-encoder cache ready: 1 caption(s) encoded")

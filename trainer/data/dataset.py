@@ -190,15 +190,20 @@ class TrainingData:
         rng = random.Random(0)
         return [apply_caption(e.caption, o, rng) for e, o in zip(self.entries, opts)]
 
-    def cache_text(self, encode_text: EncodeText, batch_size: int = 16) -> int:
-        """Encode each distinct final caption once; returns how many captions were encoded.
+    def cache_text(self, encode_text: EncodeText, batch_size: int = 16, to_disk: bool = False,
+                   cache_dir: Optional[Path] = None, identity: str = "") -> int:
+        """Encode each distinct final caption once; returns how many captions were encoded
+        (with ``to_disk``, those not found under ``cache_dir``, default
+        ``<train_data_dir>/.cache``, for the encoders ``identity``).
 
         Raises ``ValueError`` when the configuration does not allow it (see
         ``text_cache_blocker``)."""
         if self.text_cache_blocker:
             raise ValueError(f"text-encoder outputs cannot be cached: {self.text_cache_blocker}")
-        self._text = TextCache.build(self.final_captions(), encode_text, batch_size)
-        return len(self._text)
+        folder = (Path(cache_dir) if cache_dir else self.default_cache_dir) if to_disk else None
+        self._text = TextCache.build(self.final_captions(), encode_text, batch_size, folder,
+                                     identity)
+        return self._text.encoded
 
     def epoch(self, epoch: int, batch_size: int, seed: int, skip: int = 0,
               shard: Optional[tuple[int, int]] = None) -> Iterator[Batch]:

@@ -7,11 +7,13 @@ the text encoder does not change during training (it is frozen and no embedding 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
-from ..models.conditioning import TextConditioning
+from trainer.data.text_store import caption_file, load_row, save_row
+from trainer.models.text_conditioning import TextConditioning
 
 EncodeText = Callable[[list[str]], Any]  # captions -> TextConditioning (or a hidden tensor)
 
@@ -52,16 +54,26 @@ class TextCache:
 
     def __init__(self, rows: dict[str, tuple[torch.Tensor, Optional[torch.Tensor]]]) -> None:
         self._rows = rows
+        self.encoded = len(rows)  # how many captions were encoded (not read from disk)
 
     def __len__(self) -> int:
         return len(self._rows)
 
     @classmethod
     def build(
-        cls, captions: Iterable[str], encode_text: EncodeText, batch_size: int = 16
+        cls, captions: Iterable[str], encode_text: EncodeText, batch_size: int = 16,
+        folder: Optional[Path] = None, identity: str = "",
     ) -> TextCache:
-        unique = sorted(set(captions))
+        """Encode each distinct caption once; with ``folder``, reuse and keep each caption's
+        outputs there (trainer/data/text_store.py; ``identity``: the encoders' id)."""
         rows: dict[str, tuple[torch.Tensor, Optional[torch.Tensor]]] = {}
+        unique = sorted(set(captions))
+        if folder is not None:
+            for caption in unique:
+                row = load_row(caption_file(folder, identity, caption))
+                if row is not None:
+                    rows[caption] = row
+            unique = [c for c in unique if c not in rows]
         for start in range(0, len(unique), batch_size):
             chunk = unique[start : start + batch_size]
             with torch.no_grad():
@@ -76,7 +88,11 @@ class TextCache:
             for i, caption in enumerate(chunk):
                 rows[caption] = (hidden[i].clone(),
                                  None if pooled is None else pooled[i].clone())
-        return cls(rows)
+                if folder is not None:
+                    save_row(caption_file(folder, identity, caption), *rows[caption])
+        cache = cls(rows)
+        cache.encoded = len(unique)
+        return cache
 
     def get(self, captions: list[str]) -> TextConditioning:
         missing = [c for c in captions if c not in self._rows]

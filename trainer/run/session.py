@@ -94,7 +94,7 @@ def prepare(s: Session, out: Reporter) -> None:
     with main_process_first(s.device_info):  # rank 0 first: it may build the tiny model
         s.data = prepare_dataset(s.cfg, warn=lambda m: out.log(m, "warning"))
         out.check_stop()
-        s.model = load_base_model(s.cfg.model)
+        s.model = load_base_model(s.cfg.model, s.dtype)
     out.check_stop()
     out.log(f"Base model: {s.model.source} ({s.model.description or s.model.version})")
     _check_family(s)
@@ -251,9 +251,27 @@ def _cache(s: Session, out: Reporter) -> None:
         if not s.cfg.sampling.sample_prompts:
             model.vae.to("cpu")  # not needed on the device any more
     if _caches_text(s):
+        start, disk = time.time(), ds.cache_text_encoder_outputs_to_disk
+        identity = _text_identity(s) if disk else ""
         with torch.no_grad():
-            s.data.cache_text(lambda caps: encode_captions(model, caps, s.cfg.model.clip_skip))
+            encoded = s.data.cache_text(
+                lambda caps: encode_captions(model, caps, s.cfg.model.clip_skip), to_disk=disk,
+                cache_dir=Path(ds.cache_dir) if ds.cache_dir else None, identity=identity)
+        if disk:
+            out.log(f"Text-encoder cache ready: {encoded} caption(s) encoded in "
+                    f"{time.time() - start:.1f}s, the rest read from disk")
         _release_text_encoders(s, out)
+
+
+def _text_identity(s: Session) -> str:
+    """What the disk text cache's files are keyed by besides the caption."""
+    from trainer.data.text_store import encoder_id
+    from trainer.models.conditioning import family_of
+
+    model = s.model
+    encoders = [encoder for _, encoder, _ in family_of(model).text_encoders(model)]
+    return encoder_id(encoders, {"family": model.version, "clip_skip": s.cfg.model.clip_skip,
+                                 "t5_max_length": model.t5_max_length})
 
 
 def _release_text_encoders(s: Session, out: Reporter) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+from pydantic import model_validator
+
 from trainer.config.sections.base import EMBEDDED_DATASET, Section, setting
 
 
@@ -124,6 +126,21 @@ class DatasetSection(Section):
         advanced=True,
         label="Cache text-encoder outputs",
     )
+    cache_text_encoder_outputs_to_disk: bool = setting(
+        False, "Keep the text-encoder outputs on disk too (one file per caption in the latent "
+        "cache folder), reused by the next run with the same captions and text encoders: "
+        "FLUX.1's and SD 3.5's T5 is the slow part of their start (sd-scripts' option of the "
+        "same name).", advanced=True,
+        label="Cache text-encoder outputs on disk",
+    )
+
+    @model_validator(mode="after")
+    def _text_cache_on_disk(self) -> DatasetSection:
+        if self.cache_text_encoder_outputs_to_disk and self.cache_text_encoder_outputs is False:
+            raise ValueError("dataset.cache_text_encoder_outputs_to_disk is on but "
+                             "dataset.cache_text_encoder_outputs is off: there would be nothing "
+                             "to keep; turn one of them around")
+        return self
     validation_split: Optional[float] = setting(
         None, "Hold out this fraction of the training images (the same ones every run, picked "
         "by training.seed; not trained on) and measure a validation loss on them.",
