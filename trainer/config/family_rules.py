@@ -38,14 +38,17 @@ def known_family(cfg: Any) -> Optional[str]:
 def family_problems(cfg: Any, family: str, precision: Optional[str] = None) -> list[str]:
     """What ``cfg`` asks of a ``family`` model that it cannot do; ``precision`` is the resolved
     mixed precision when known (the run), else ``training.mixed_precision``."""
+    from trainer.config.network_rules import network_extra_problems  # LoRA+, block-wise, ...
+
     name = FAMILY_NAMES[family]
+    extra = network_extra_problems(cfg.network, family) if cfg.mode == "lora" else []
     if family not in FLOW_FAMILIES:
         unread = [f"model.{key}" for key in ("ae", "clip_l", "clip_g", "t5xxl")
                   if getattr(cfg.model, key) is not None]
         unread += ["network.train_t5xxl"] if cfg.network.train_t5xxl else []
-        return [f"{key} is set but {name} does not read it (FLUX.1 / SD 3.5 only); unset it"
-                for key in unread]
-    problems = []
+        return extra + [f"{key} is set but {name} does not read it (FLUX.1 / SD 3.5 only); "
+                        f"unset it" for key in unread]
+    problems = extra
     if cfg.mode == "textual_inversion":
         problems.append(f"mode = 'textual_inversion' is not available for {name}: its prompts "
                         f"go through T5 as well as CLIP, and the tools that load embeddings do "

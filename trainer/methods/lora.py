@@ -54,7 +54,10 @@ def denoiser_lora_config(cfg: TrainConfig, model: Any) -> LoraConfig:
     (trainer/export/flux_lora.py and sd3_lora.py name them; full paths, which peft matches
     exactly)."""
     if model.version not in ("flux1", "sd3"):
-        return unet_lora_config(cfg)
+        from trainer.methods.lora_groups import block_lora_config  # block_dims, lr weights
+
+        return block_lora_config(cfg, model.unet, model.version, UNET_TARGETS,
+                                 UNET_CONV_TARGETS) or unet_lora_config(cfg)
     from trainer.export.flux_lora import flux_target_modules
     from trainer.export.sd3_lora import sd3_target_modules
 
@@ -81,15 +84,17 @@ class LoraMethod(MethodBase):
         encoders = self.trained_text_encoders(model)
         for module in (model.unet, model.vae, *(e for _, e, _ in family_text_encoders(model))):
             module.requires_grad_(False)
+        from trainer.methods.lora_groups import network_groups  # LoRA+, block-wise rates
+
         groups: list[dict[str, Any]] = []
         if self.cfg.network.train_unet:
             model.unet.add_adapter(denoiser_lora_config(self.cfg, model))
-            groups.append({"params": lora_parameters(model.unet),
-                           "lr": opt.unet_lr or opt.learning_rate, "name": "unet"})
+            groups += network_groups(self.cfg, "unet", model.unet,
+                                     opt.unet_lr or opt.learning_rate, model.version)
         t5 = family_of(model).t5_slot()
         for name, encoder, lr in encoders:
             inject_adapter_in_model(text_encoder_lora_config(self.cfg, t5=name == t5), encoder)
-            groups.append({"params": lora_parameters(encoder), "lr": lr, "name": name})
+            groups += network_groups(self.cfg, name, encoder, lr)
         self.trains_text_encoder = bool(encoders)
         self.saved_encoders = [name for name, _, _ in encoders]
         for network in (model.unet, *(e for _, e, _ in encoders)):

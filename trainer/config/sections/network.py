@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Literal, Optional
 
 from trainer.config.sections.base import Section, setting
+from trainer.config.sections.network_extra import NetworkExtras
 
 NetworkType = Literal["lora", "locon", "loha", "lokr", "ia3", "dora"]
 
 
-class NetworkSection(Section):
+class NetworkCore(Section):
     network_type: NetworkType = setting(
         "lora", "Adapter: lora (peft LoRA, + conv_dim for LoCon); locon, loha, lokr, ia3 or "
         "dora (LoRA with weight decomposition) through the lycoris-lora package "
@@ -114,3 +115,8 @@ class NetworkSection(Section):
 
 
 # sd-scripts' --optimizer_type spellings; trainer/optim/optimizers.py builds each.
+
+class NetworkSection(NetworkExtras, NetworkCore):
+    """[network]: the fields above, then sd-scripts' further LoRA options (network_extra.py)."""
+
+
