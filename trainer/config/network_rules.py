@@ -30,6 +30,10 @@ def network_extra_problems(net: Any, family: Optional[str]) -> list[str]:
     if blocks and net.network_type != "lora":
         problems.append(f"network.{blocks[0]}: block-wise rates and ranks are sd-scripts' "
                         f"networks.lora options; use network_type = 'lora' or unset it")
+    if net.dim_from_weights and net.network_type != "lora":
+        problems.append(f"network.dim_from_weights reads LoRA ranks (lora_down); for "
+                        f"network_type = {net.network_type!r} set network_dim / conv_dim to "
+                        f"the file's and unset it")
     if net.dim_from_weights and net.network_weights is None:
         problems.append("network.dim_from_weights needs network.network_weights (the file "
                         "to take the ranks from)")

@@ -85,18 +85,27 @@ class LoraMethod(MethodBase):
         for module in (model.unet, model.vae, *(e for _, e, _ in family_text_encoders(model))):
             module.requires_grad_(False)
         from trainer.methods.lora_groups import network_groups  # LoRA+, block-wise rates
+        from trainer.methods.lora_weights import NetworkWeights  # network_weights
 
+        weights = NetworkWeights.open(self.cfg, model, ["unet", *(n for n, _, _ in encoders)])
         groups: list[dict[str, Any]] = []
         if self.cfg.network.train_unet:
-            model.unet.add_adapter(denoiser_lora_config(self.cfg, model))
+            model.unet.add_adapter((weights and weights.config("unet", model.unet))
+                                   or denoiser_lora_config(self.cfg, model))
             groups += network_groups(self.cfg, "unet", model.unet,
                                      opt.unet_lr or opt.learning_rate, model.version)
         t5 = family_of(model).t5_slot()
         for name, encoder, lr in encoders:
-            inject_adapter_in_model(text_encoder_lora_config(self.cfg, t5=name == t5), encoder)
+            inject_adapter_in_model((weights and weights.config(name, encoder))
+                                    or text_encoder_lora_config(self.cfg, t5=name == t5),
+                                    encoder)
             groups += network_groups(self.cfg, name, encoder, lr)
         self.trains_text_encoder = bool(encoders)
         self.saved_encoders = [name for name, _, _ in encoders]
+        trained = [("unet", model.unet)] if self.cfg.network.train_unet else []
+        trained += [(name, encoder) for name, encoder, _ in encoders]
+        if weights is not None:
+            weights.load(trained)  # before the lean forward reads each layer's scale
         for network in (model.unet, *(e for _, e, _ in encoders)):
             lean_forward(network)  # peft's layers, bit for bit, with less Python per call
         return self.nonempty(groups)

@@ -123,6 +123,10 @@ class LycorisMethod(MethodBase):
         network = build_network(self.cfg, model.unet, [e for _, e, _ in encoders])
         network.apply_to([e for _, e, _ in encoders], model.unet,
                          apply_text_encoder=bool(encoders), apply_unet=net.train_unet)
+        if net.network_weights:  # continue from a file
+            from trainer.methods.lora_weights import load_lycoris_weights
+
+            load_lycoris_weights(self.cfg, model, list(network.loras), [n for n, _, _ in encoders])
         groups: list[dict[str, Any]] = []
         if net.train_unet:
             groups.append({"params": attach(model.unet, _owned_by(model.unet, network.loras)),

@@ -1,0 +1,250 @@
+"""Continue from a LoRA file (sd-scripts' ``network_weights`` and ``dim_from_weights``).
+
+The file is a kohya LoRA (``lora_down`` / ``lora_up`` / ``alpha``) or a LyCORIS file
+(``hada_*``, ``lokr_*``, ...), ours or anyone's, on kohya's module names. Each module of the
+network finds its tensors under the name the studio would write it with
+(:mod:`trainer.export.lora`, :mod:`trainer.export.lycoris`), so a file we wrote loads back
+exactly. sd-scripts loads with ``load_state_dict(strict=False)``: a module the file lacks keeps
+its fresh initialisation, a tensor of another shape is an error; here that error names the
+module, the file's rank and the config's. ``dim_from_weights`` builds the LoRA from the file
+instead: its modules, each with its rank and alpha (sd-scripts' ``create_network_from_weights``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from trainer.export.names import kohya_module_name, text_encoder_module_path, unwrap
+
+
+class WeightsFileError(ValueError):
+    """network.network_weights cannot be used with this network (the message says why)."""
+
+
+_FAMILY_OF_VERSION = {"sd_v1": "sd1", "sd_v2": "sd2", "sdxl_base_v1-0": "sdxl"}
+NAMES = {"sd1": "SD 1.x", "sd2": "SD 2.x", "sdxl": "SDXL", "flux1": "FLUX.1", "sd3": "SD 3.5",
+         "sd": "SD 1.x/2.x"}
+
+
+def read_weights(path: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    if not Path(path).is_file():
+        raise WeightsFileError(f"network.network_weights = {path!r}: no such file")
+    with safe_open(path, "pt") as f:
+        metadata = f.metadata() or {}
+    return load_file(path), metadata
+
+
+def file_family(keys: list[str], metadata: dict[str, str]) -> Optional[str]:
+    """sd1 / sd2 / sdxl from ``ss_base_model_version``, else sd (1.x or 2.x), sdxl, flux1 or
+    sd3 from the module names."""
+    version = metadata.get("ss_base_model_version", "")
+    for prefix, family in _FAMILY_OF_VERSION.items():
+        if version.startswith(prefix):
+            return family
+    text = " ".join(keys[:2000])
+    if "double_blocks" in text or "single_blocks" in text or version.startswith("flux"):
+        return "flux1"
+    if any(k.startswith("transformer.") for k in keys) or "joint_blocks" in text:
+        return "sd3"
+    if re.search(r"lora_te[12]_|lora_unet_(input|output)_blocks|lora_unet_middle_block", text):
+        return "sdxl"
+    if re.search(r"lora_te_|lora_unet_(down|up)_blocks|lora_unet_mid_block", text):
+        return "sd"
+    return None
+
+
+def file_kind(keys: list[str]) -> str:
+    """lora (lora_down/up), loha, lokr, ia3, or the LyCORIS tensor names it has."""
+    text = " ".join(keys)
+    for marker, kind in ((".hada_w1", "loha"), (".lokr_w", "lokr"), (".on_input", "ia3"),
+                         (".lora_down.", "lora")):
+        if marker in text:
+            return kind
+    return "unknown"
+
+
+def check_file(path: str, tensors: dict, metadata: dict, version: str, network_type: str) -> None:
+    """Refuse a file of another family or network kind, naming both."""
+    keys = list(tensors)
+    family = file_family(keys, metadata)
+    same = family == version or (family == "sd" and version in ("sd1", "sd2"))
+    if family is not None and not same:
+        raise WeightsFileError(f"network.network_weights = {path!r} is a {NAMES[family]} "
+                               f"file; the model is {NAMES.get(version, version)}")
+    kind = file_kind(keys)
+    want = {"lora": "lora", "locon": "lora", "dora": "lora", "loha": "loha", "lokr": "lokr",
+            "ia3": "ia3"}[network_type]
+    if kind != want:
+        raise WeightsFileError(f"network.network_weights = {path!r} holds a {kind} network; "
+                               f"network.network_type = {network_type!r} trains {want}: set "
+                               f"the file's type")
+
+
+def namers(model: Any, version: str, names: list[str]) -> dict[str, Callable[[str], str]]:
+    """component -> (module path -> kohya module name), as trainer/export writes them."""
+    from trainer.export.lora import sgm_unet_names
+
+    out = {}
+    for name in names:
+        if name == "unet":
+            rename = sgm_unet_names(model.unet) if version == "sdxl" else (lambda p: p)
+            out[name] = (lambda r: lambda p: kohya_module_name("lora_unet", r(p)))(rename)
+        else:
+            prefix = {"text_encoder": "lora_te1" if version == "sdxl" else "lora_te",
+                      "text_encoder_2": "lora_te2"}[name]
+            out[name] = (lambda pre: lambda p: kohya_module_name(
+                pre, text_encoder_module_path(p)))(prefix)
+    return out
+
+
+def file_ranks(tensors: dict) -> dict[str, tuple[int, float]]:
+    """kohya module name -> (rank, alpha) of a LoRA file (no alpha: alpha = rank)."""
+    out = {}
+    for key, value in tensors.items():
+        if key.endswith(".lora_down.weight"):
+            name = key[: -len(".lora_down.weight")]
+            alpha = tensors.get(name + ".alpha")
+            out[name] = (value.shape[0], float(alpha) if alpha is not None else value.shape[0])
+    return out
+
+
+def config_from_weights(cfg: Any, root: torch.nn.Module, namer: Callable[[str], str],
+                        ranks: dict[str, tuple[int, float]]) -> Optional[Any]:
+    """dim_from_weights: a LoraConfig over exactly the file's modules of ``root``, each with
+    the file's rank and alpha; None when the file has none there."""
+    from peft import LoraConfig
+
+    rank_pattern, alpha_pattern, paths = {}, {}, []
+    for path, module in unwrap(root).named_modules():
+        if isinstance(module, (torch.nn.Linear, torch.nn.Conv2d)) and namer(path) in ranks:
+            rank, alpha = ranks[namer(path)]
+            key = re.escape(path)
+            rank_pattern[key], alpha_pattern[key] = rank, alpha
+            paths.append(path)
+    if not paths:
+        return None
+    return LoraConfig(r=cfg.network.network_dim, lora_alpha=cfg.network.network_alpha,
+                      lora_dropout=cfg.network.network_dropout or 0.0,
+                      init_lora_weights="gaussian", target_modules=paths,
+                      rank_pattern=rank_pattern, alpha_pattern=alpha_pattern)
+
+
+def load_into_lora(path: str, tensors: dict, root: torch.nn.Module,
+                   namer: Callable[[str], str]) -> int:
+    """Copy the file's down/up weights into ``root``'s peft layers, and its alpha into their
+    scaling; returns how many modules were loaded."""
+    from trainer.export.lora import iter_lora_layers
+
+    loaded = 0
+    for module_path, layer in iter_lora_layers(root):
+        name = namer(module_path)
+        down, up = tensors.get(name + ".lora_down.weight"), tensors.get(name + ".lora_up.weight")
+        if down is None or up is None:
+            continue
+        a, b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
+        if down.shape != a.shape or up.shape != b.shape:
+            raise WeightsFileError(
+                f"network.network_weights = {path!r}: module {name} has rank {down.shape[0]} "
+                f"(shape {tuple(down.shape)}), the network's has rank {a.shape[0]} (shape "
+                f"{tuple(a.shape)}): set network.network_dim / conv_dim to the file's, or "
+                f"network.dim_from_weights = true")
+        with torch.no_grad():
+            a.copy_(down.to(a.dtype))
+            b.copy_(up.to(b.dtype))
+        alpha = tensors.get(name + ".alpha")
+        if alpha is not None:
+            layer.lora_alpha["default"] = float(alpha)
+            layer.scaling["default"] = float(alpha) / a.shape[0]
+        loaded += 1
+    return loaded
+
+
+def load_into_lycoris(path: str, tensors: dict, loras: list[Any],
+                      names: dict[int, str]) -> int:
+    """Load each lycoris module's own tensors (``<name>.<its state_dict key>``)."""
+    loaded = 0
+    for lora in loras:
+        name = names.get(id(lora))
+        own = {k[len(name) + 1:]: v for k, v in tensors.items() if name and
+               k.startswith(name + ".")}
+        if not own:
+            continue
+        state = lora.state_dict()
+        for key, value in own.items():
+            if key in state and state[key].shape != value.shape:
+                raise WeightsFileError(
+                    f"network.network_weights = {path!r}: {name}.{key} has shape "
+                    f"{tuple(value.shape)}, the network's {tuple(state[key].shape)}: set "
+                    f"network.network_dim / conv_dim / factor to the file's")
+        lora.load_state_dict({k: v.to(state[k].dtype) for k, v in own.items() if k in state},
+                             strict=False)
+        loaded += 1
+    return loaded
+
+
+class NetworkWeights:
+    """``network.network_weights`` of a run, read and checked once, for the LoRA method."""
+
+    def __init__(self, cfg: Any, model: Any, components: list[str]):
+        self.cfg, self.path = cfg, cfg.network.network_weights
+        self.tensors, metadata = read_weights(self.path)
+        check_file(self.path, self.tensors, metadata, model.version, cfg.network.network_type)
+        self.namers = namers(model, model.version, components)
+        self.ranks = file_ranks(self.tensors)
+
+    @classmethod
+    def open(cls, cfg: Any, model: Any, components: list[str]) -> Optional[NetworkWeights]:
+        return cls(cfg, model, components) if cfg.network.network_weights else None
+
+    def config(self, component: str, root: torch.nn.Module) -> Optional[Any]:
+        """dim_from_weights: the component's LoraConfig from the file (None: not asked, or the
+        file has no module there)."""
+        if not self.cfg.network.dim_from_weights:
+            return None
+        return config_from_weights(self.cfg, root, self.namers[component], self.ranks)
+
+    def load(self, roots: list[tuple[str, torch.nn.Module]]) -> int:
+        loaded = sum(load_into_lora(self.path, self.tensors, root, self.namers[name])
+                     for name, root in roots)
+        if not loaded:
+            raise WeightsFileError(f"network.network_weights = {self.path!r}: none of its "
+                                   f"modules is a module of this network (another model's "
+                                   f"file, or only text-encoder modules with "
+                                   f"train_text_encoder off?)")
+        return loaded
+
+
+def load_lycoris_weights(cfg: Any, model: Any, loras: list[Any], encoders: list[str]) -> int:
+    """network_weights for the LyCORIS types: each module's tensors under the name
+    :mod:`trainer.export.lycoris` writes it with."""
+    from trainer.export.lora import sgm_unet_names
+    from trainer.export.lycoris import _module_places
+
+    path = cfg.network.network_weights
+    tensors, metadata = read_weights(path)
+    check_file(path, tensors, metadata, model.version, cfg.network.network_type)
+    sdxl = model.version == "sdxl"
+    prefixes = {"text_encoder": "lora_te1" if sdxl else "lora_te", "text_encoder_2": "lora_te2"}
+    roots = [("lora_unet", model.unet, sgm_unet_names(model.unet) if sdxl else None)]
+    roots += [(prefixes[n], getattr(model, n), text_encoder_module_path) for n in encoders]
+    places = _module_places(roots)
+    names = {}
+    for lora in loras:
+        place = places.get(id(lora.org_module[0]))
+        if place is not None:
+            prefix, module_path, rename = place
+            names[id(lora)] = kohya_module_name(prefix, rename(module_path) if rename
+                                                else module_path)
+    loaded = load_into_lycoris(path, tensors, loras, names)
+    if not loaded:
+        raise WeightsFileError(f"network.network_weights = {path!r}: none of its modules is a "
+                               f"module of this network")
+    return loaded
