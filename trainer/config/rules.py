@@ -112,8 +112,9 @@ NETWORK_OPTIONS = {
     "factor": ("lokr",), "decompose_both": ("lokr",),
     "use_tucker": ("locon", "loha", "lokr", "dora"),
     "use_scalar": ("locon", "loha", "lokr", "dora"),
-    "rank_dropout": ("locon", "loha", "lokr", "dora"),
-    "module_dropout": ("locon", "loha", "lokr", "ia3", "dora"),
+    # "lora": sd-scripts' LoRAModule meaning (trainer/methods/lora_regularize.py)
+    "rank_dropout": ("lora", "locon", "loha", "lokr", "dora"),
+    "module_dropout": ("lora", "locon", "loha", "lokr", "ia3", "dora"),
     # IA3 scales the channels of named layers (keys, values, feed-forward): it has no rank
     # (network_dim / network_alpha are ignored), no convolution rank, no dropout on a low-rank
     # path, and no block whose norm layers train_norm would find

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from peft import LoraConfig, inject_adapter_in_model
@@ -77,6 +77,7 @@ class LoraMethod(MethodBase):
     def __init__(self, cfg: TrainConfig):
         super().__init__(cfg)
         self.saved_encoders: list[str] = []
+        self.trained_roots: list[torch.nn.Module] = []
 
     def prepare(self, model: Any) -> list[dict[str, Any]]:
         """Freeze the base model, inject the adapters and return the parameter groups."""
@@ -108,7 +109,27 @@ class LoraMethod(MethodBase):
             weights.load(trained)  # before the lean forward reads each layer's scale
         for network in (model.unet, *(e for _, e, _ in encoders)):
             lean_forward(network)  # peft's layers, bit for bit, with less Python per call
+        from trainer.methods.lora_regularize import add_dropout  # sd-scripts' rank/module
+
+        net = self.cfg.network
+        add_dropout([root for _, root in trained], net.rank_dropout, net.module_dropout)
+        self.trained_roots = [root for _, root in trained]
         return self.nonempty(groups)
+
+    def after_step(self, model: Any, step: int) -> Optional[str]:
+        """The base's (text encoder freezing), then max-norm (network.scale_weight_norms)."""
+        note = super().after_step(model, step)
+        max_norm = self.cfg.network.scale_weight_norms
+        if max_norm is None:
+            return note
+        from trainer.methods.lora_regularize import apply_max_norm
+
+        scaled, mean, top = apply_max_norm(self.trained_roots, max_norm)
+        self.max_norm_stats = {"max_norm/keys_scaled": scaled,
+                               "max_norm/average_key_norm": mean, "max_norm/max_key_norm": top}
+        line = (f"max-norm: {scaled} modules scaled to {max_norm:g} (mean norm {mean:.4g}, "
+                f"max {top:.4g})") if scaled else None
+        return "; ".join(x for x in (note, line) if x) or None
 
     def save(self, path, model: Any, facts: Any, final: bool = True):
         from trainer.export.lora import save_lora

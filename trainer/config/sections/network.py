@@ -63,7 +63,8 @@ class NetworkCore(Section):
         modes=("lora",), advanced=True, label="Trained scalar",
     )
     rank_dropout: Optional[float] = setting(
-        None, "LyCORIS locon/loha/lokr/dora: dropout of rank rows of the update.",
+        None, "Dropout of ranks of the update, per sample (sd-scripts' rank_dropout; lora, "
+        "locon, loha, lokr, dora).",
         modes=("lora",), advanced=True, ge=0, lt=1, label="Rank dropout",
     )
     module_dropout: Optional[float] = setting(
