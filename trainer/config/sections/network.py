@@ -68,7 +68,8 @@ class NetworkCore(Section):
         modes=("lora",), advanced=True, ge=0, lt=1, label="Rank dropout",
     )
     module_dropout: Optional[float] = setting(
-        None, "LyCORIS types: probability of skipping a module's adapter in a step.",
+        None, "Probability of skipping a module's adapter in a step (sd-scripts' "
+        "module_dropout; every type).",
         modes=("lora",), advanced=True, ge=0, lt=1, label="Module dropout",
     )
     train_norm: bool = setting(
