@@ -18,7 +18,7 @@ SMOKE=(tests/test_config.py tests/test_models_tiny.py tests/test_loop.py tests/t
        tests/test_textual_inversion.py tests/test_export_lora.py tests/test_optim.py
        tests/test_lycoris.py tests/test_tools_caption.py tests/test_cli.py tests/test_gui_api.py)
 echo "scripts/lowest.sh: the lowest versions that requirements.txt allows, as installed:"
-"$KOHYA_VENV/bin/uv" pip freeze --python "$KOHYA_VENV/bin/python" --exclude-editable \
+"$KOHYA_VENV/bin/uv" pip freeze -q --python "$KOHYA_VENV/bin/python" --exclude-editable \
   | grep -i -E "^($(sed -n 's/^\([A-Za-z0-9._-]*\).*/\1/p' requirements.txt | paste -sd'|'))==" \
   | paste -sd' '
 export HF_HUB_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False
