@@ -105,7 +105,7 @@ def prepare(s: Session, out: Reporter) -> None:
     s.accelerator = _accelerator(s.cfg, s.device_info, s.precision)
     if s.accelerator.num_processes > 1:
         s.shard = (s.accelerator.process_index, s.accelerator.num_processes)
-    groups = _place_and_inject(s)
+    groups = _place_and_inject(s, out)
     _compile(s, out)
     _cache(s, out)
     out.check_stop()
@@ -123,6 +123,7 @@ def prepare(s: Session, out: Reporter) -> None:
 
 
 def _device(s: Session, out: Reporter) -> None:
+    from trainer.models.memory import check_memory_options
     from trainer.system.device import check_full_bf16, detect, resolve_precision
     from trainer.system.threads import adaptive_threads
 
@@ -130,6 +131,7 @@ def _device(s: Session, out: Reporter) -> None:
     s.precision = resolve_precision(s.cfg.training.mixed_precision, info)
     s.dtype = DTYPES[s.precision]
     check_full_bf16(s.cfg.training.full_bf16, s.precision)
+    check_memory_options(s.cfg, info.backend, info.label)  # before a large model loads
     out.log(f"Device: {info.summary()}; mixed precision: {s.precision}")
     s.threads = adaptive_threads(info.backend)
     if s.threads:
@@ -198,18 +200,22 @@ def _trained_modules(model: Any) -> list[Any]:
     return [m for m in _networks(model) if any(p.requires_grad for p in m.parameters())]
 
 
-def _place_and_inject(s: Session) -> list[dict[str, Any]]:
+def _place_and_inject(s: Session, out: Reporter) -> list[dict[str, Any]]:
     """Move the model to the device, let the method choose what trains, set the modes."""
     from diffusers.training_utils import cast_training_params
 
     model, device, tr = s.model, s.accelerator.device, s.cfg.training
     model.vae.to(device).eval()  # the VAE stays fp32: SD's VAE overflows in fp16
+    memory = _memory_plan(s, out)  # issue 19: fp8 / NF4 base, block swap
     for module in _networks(model):
+        if memory.holds(module):
+            continue
         module.to(device) if s.dtype == torch.float32 else module.to(device, s.dtype)
     groups = s.method.prepare(model)
     trained = _trained_modules(model)
     # trained weights in fp32 (or bf16 with full_bf16); the frozen rest at the compute dtype
     cast_training_params(trained, dtype=torch.bfloat16 if tr.full_bf16 else torch.float32)
+    memory.finish(out.log)
     encoders = _networks(model)[1:]
     for encoder in encoders:  # a frozen encoder runs in eval mode (no dropout, no grad)
         encoder.train(s.method.trains_text_encoder and encoder in trained)
@@ -220,6 +226,16 @@ def _place_and_inject(s: Session) -> list[dict[str, Any]]:
             if encoder.training:
                 encoder.gradient_checkpointing_enable()
     return groups
+
+
+def _memory_plan(s: Session, out: Reporter) -> Any:
+    """The memory options' plan for this model (trainer/models/memory.py), begun: refused on
+    a backend that cannot run them, quantized base weights in place."""
+    from trainer.models.memory import MemoryPlan
+
+    plan = MemoryPlan(s.cfg, s.model, s.dtype, s.accelerator.device)
+    plan.begin(s.device_info.backend, s.device_info.label, out.log)
+    return plan
 
 
 def _compile(s: Session, out: Reporter) -> None:

@@ -75,3 +75,14 @@ class ModelSection(Section):
         "loaded faster next time; off writes nothing.", advanced=True,
         label="Keep a diffusers copy",
     )
+    base_precision: Literal["full", "fp8", "nf4", "int8"] = setting(
+        "full", "How the frozen base weights are stored: full (the compute precision), fp8 "
+        "(float8_e4m3fn, cast to the compute precision layer by layer: half of bf16's memory), "
+        "nf4 / int8 (bitsandbytes 4-/8-bit, QLoRA; CUDA). Norms, embeddings and the trained "
+        "adapters stay in full precision; fp8 checkpoints load as shipped. LoRA and textual "
+        "inversion only: DreamBooth trains these weights.", advanced=True,
+        modes=("lora", "textual_inversion"), label="Base weight precision")
+    fp8_text_encoders: bool = setting(
+        False, "Store the frozen T5-XXL text encoder in fp8 too (FLUX.1 / SD 3.5: 4.8 GB "
+        "instead of 9.5 GB), cast to the compute precision layer by layer.", advanced=True,
+        families=("flux1", "sd3"), label="fp8 T5 text encoder")

@@ -154,3 +154,10 @@ class TrainingSection(Section):
         "values compare); unset: at the end of every epoch.", advanced=True, ge=1,
         label="Validate every N steps",
     )
+    blocks_to_swap: Optional[int] = setting(
+        None, "Keep this many of the transformer's (or UNet's) blocks in host memory and move "
+        "each to the device just before it runs and back after (a side stream overlaps the "
+        "copies with compute on CUDA): less device memory, slower steps. Needs gradient "
+        "checkpointing; LoRA and textual inversion (sd-scripts' --blocks_to_swap).",
+        advanced=True, ge=1, le=64, modes=("lora", "textual_inversion"),
+        label="Blocks to swap")

@@ -1,0 +1,224 @@
+"""Base weights in less memory (issue 19): fp8 storage, bitsandbytes NF4 / int8, block swap.
+
+The run calls this module twice around the method's ``prepare`` (trainer/run/session.py):
+
+- :meth:`MemoryPlan.begin`, before anything moves to the device: refuses what the backend
+  cannot run (naming the option and the backend), casts the modules it places itself to the
+  compute dtype on the host and, for ``nf4`` / ``int8``, replaces the denoiser's frozen Linear
+  layers by bitsandbytes' (before the adapters are injected: peft wraps bitsandbytes layers
+  with its own QLoRA layers);
+- :meth:`MemoryPlan.finish`, after the adapters exist: stores the frozen weights in fp8
+  (``model.base_precision = "fp8"``, ``model.fp8_text_encoders``), then moves what it placed to
+  the device, but for the blocks that ``training.blocks_to_swap`` keeps in host memory
+  (:mod:`trainer.models.block_swap`).
+
+Why diffusers' layerwise casting for fp8 (``apply_layerwise_casting``, the hook behind
+``ModelMixin.enable_layerwise_casting``) and not torchao: it is in the installed diffusers and
+runs on every backend, the CPU included (torchao is not installed, and its float8 training
+needs fp8 matmul units: Ada/Hopper GPUs); it keeps each model's precision-critical layers
+(diffusers' ``_skip_layerwise_casting_patterns``: norms and the norm-modulation Linears,
+positional embeddings) out, and peft's adapter layers with them. We add the embedders (the
+patch, time, text and context embedders) to the skipped layers. Each layer's weights are cast
+to the compute dtype just before its forward and back after, so at most one layer is held at
+full precision at a time, plus what autograd saves for the backward pass; with gradient
+checkpointing that is one block's worth.
+
+A checkpoint shipped in fp8 loads exactly: every float8_e4m3fn value is a bf16 (and fp32)
+value, so the loader's upcast and this module's cast back are lossless.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any, Optional
+
+import torch
+
+FP8 = torch.float8_e4m3fn
+# Layers kept at the compute precision beside diffusers' per-model list (norms, pos_embed):
+# the embedders of the latents, the time and the text (a few MB, precision-critical).
+SKIP_PATTERNS = ("pos_embed", "patch_embed", "norm", "embed", "^proj_in$", "^proj_out$",
+                 "^conv_in$", "^conv_out$")
+T5_SKIP = ("norm", "shared", "embed", "relative_attention_bias")
+QUANTIZED = ("nf4", "int8")
+
+
+class MemoryOptionUnavailable(RuntimeError):
+    """A memory option that the detected backend cannot run (refused before loading)."""
+
+
+def _peft_patterns() -> tuple[str, ...]:
+    from peft.tuners.lora.layer import LoraLayer
+
+    return tuple(LoraLayer.adapter_layer_names)
+
+
+def backend_problem(cfg: Any, backend: str, label: str) -> Optional[str]:
+    """Why a memory option of ``cfg`` cannot run on ``backend`` (None when all can)."""
+    base, swap = cfg.model.base_precision, cfg.training.blocks_to_swap
+    if (base == "fp8" or cfg.model.fp8_text_encoders) and backend == "mps":
+        name = "model.base_precision = 'fp8'" if base == "fp8" else "model.fp8_text_encoders"
+        return f"{name}: the {label} backend has no float8 tensors; set it off"
+    if base in QUANTIZED:
+        problem = bitsandbytes_problem(backend)
+        if problem:
+            return f"model.base_precision = {base!r} on the {label} backend: {problem}"
+    if swap is not None and backend == "cpu":
+        return (f"training.blocks_to_swap = {swap} on the {label} backend: the blocks already "
+                f"live in host memory; unset it")
+    return None
+
+
+def check_memory_options(cfg: Any, backend: str, label: str) -> None:
+    """Raise :class:`MemoryOptionUnavailable` naming the option and the backend."""
+    problem = backend_problem(cfg, backend, label)
+    if problem:
+        raise MemoryOptionUnavailable(problem)
+
+
+def bitsandbytes_problem(backend: str) -> Optional[str]:
+    """Whether the installed bitsandbytes quantizes on ``backend`` (None when it does)."""
+    if backend not in ("cuda", "cpu", "xpu"):
+        return ("bitsandbytes has no 4-/8-bit layers for this backend; use "
+                "model.base_precision = 'fp8'")
+    try:
+        import bitsandbytes as bnb
+        from bitsandbytes.functional import quantize_4bit
+    except Exception as exc:  # noqa: BLE001 - a broken install says why here, not at step 1
+        return f"bitsandbytes cannot be imported ({exc}); use model.base_precision = 'fp8'"
+    try:  # one tiny quantization proves the backend's kernels are there
+        quantize_4bit(torch.ones(64, 64, device=_probe_device(backend)), quant_type="nf4")
+        del bnb
+    except Exception as exc:  # noqa: BLE001
+        return (f"the installed bitsandbytes cannot quantize here ({exc}); use "
+                f"model.base_precision = 'fp8'")
+    return None
+
+
+def _probe_device(backend: str) -> str:
+    return {"cuda": "cuda", "xpu": "xpu"}.get(backend, "cpu")
+
+
+def _skipped(name: str, patterns: tuple[str, ...]) -> bool:
+    return any(re.search(p, name) for p in patterns)
+
+
+def store_fp8(module: torch.nn.Module, compute_dtype: torch.dtype,
+              skip: tuple[str, ...] = SKIP_PATTERNS) -> None:
+    """Frozen Linear / Conv weights of ``module`` stored in fp8, computed in ``compute_dtype``
+    (diffusers' layerwise casting); the skipped patterns, the model's own list and peft's
+    adapters stay as they are."""
+    from diffusers.hooks import apply_layerwise_casting
+
+    patterns = skip + tuple(getattr(module, "_skip_layerwise_casting_patterns", None) or ()) \
+        + tuple(getattr(module, "_keep_in_fp32_modules", None) or ()) + _peft_patterns()
+    trained = tuple(re.escape(n) + "$" for n, m in module.named_modules()
+                    if any(p.requires_grad for p in m.parameters(recurse=False)))
+    apply_layerwise_casting(module, FP8, compute_dtype, patterns + trained)
+
+
+def quantize_linears(module: torch.nn.Module, kind: str, compute_dtype: torch.dtype,
+                     device: torch.device, skip: tuple[str, ...] = SKIP_PATTERNS) -> int:
+    """Replace the frozen ``nn.Linear`` layers of ``module`` by bitsandbytes' 4-bit (NF4) or
+    8-bit ones, quantized on ``device``; returns how many. Done before peft injects: peft wraps
+    bitsandbytes layers in its QLoRA layers."""
+    patterns = skip + tuple(getattr(module, "_skip_layerwise_casting_patterns", None) or ())
+    targets = [(n, m) for n, m in module.named_modules()
+               if type(m) is torch.nn.Linear and not _skipped(n, patterns)]
+    for name, linear in targets:
+        parent_name, _, child = name.rpartition(".")
+        parent = module.get_submodule(parent_name) if parent_name else module
+        setattr(parent, child, _bnb_linear(linear, kind, compute_dtype, device))
+    return len(targets)
+
+
+def _bnb_linear(linear: torch.nn.Linear, kind: str, compute_dtype: torch.dtype,
+                device: torch.device) -> torch.nn.Module:
+    import bitsandbytes as bnb
+
+    bias = linear.bias is not None
+    weight = linear.weight.data.to(compute_dtype)
+    if kind == "nf4":
+        new = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=bias,
+                                compute_dtype=compute_dtype, quant_type="nf4", device="meta")
+        param = bnb.nn.Params4bit(weight, requires_grad=False, quant_type="nf4")
+    else:
+        new = bnb.nn.Linear8bitLt(linear.in_features, linear.out_features, bias=bias,
+                                  has_fp16_weights=False, device="meta")
+        param = bnb.nn.Int8Params(weight, requires_grad=False, has_fp16_weights=False)
+    new.weight = param._quantize(device) if device.type == "cpu" else param.to(device)
+    if bias:
+        new.bias = torch.nn.Parameter(linear.bias.data.to(device, compute_dtype),
+                                      requires_grad=False)
+    return new.requires_grad_(False)
+
+
+class MemoryPlan:
+    """What the memory options do to one run's model; see the module's notes."""
+
+    def __init__(self, cfg: Any, model: Any, dtype: torch.dtype, device: torch.device):
+        self.cfg, self.model, self.dtype, self.device = cfg, model, dtype, torch.device(device)
+        self.base = cfg.model.base_precision
+        self.swap = cfg.training.blocks_to_swap
+        self.swapper: Any = None
+        self.t5 = _t5_of(model) if cfg.model.fp8_text_encoders else None
+        self.held: list[torch.nn.Module] = []
+        if self.base != "full" or self.swap is not None:
+            self.held.append(model.unet)
+        if self.t5 is not None:
+            self.held.append(self.t5)
+
+    def holds(self, module: Any) -> bool:
+        """Whether this plan moves ``module`` to the device itself (in :meth:`finish`)."""
+        return any(module is held for held in self.held)
+
+    def begin(self, backend: str, label: str, log: Callable[[str], None]) -> None:
+        """Refuse what ``backend`` cannot run; cast the held modules on the host; quantize."""
+        check_memory_options(self.cfg, backend, label)
+        for module in self.held:
+            if self.dtype != torch.float32:
+                module.to(self.dtype)
+        if self.base in QUANTIZED:
+            count = quantize_linears(self.model.unet, self.base, self.dtype, self.device)
+            log(f"Base weights: {count} Linear layers of the denoiser in {self.base} "
+                f"(bitsandbytes), the adapters in full precision")
+
+    def finish(self, log: Callable[[str], None]) -> None:
+        """After the adapters exist: fp8 storage, then the held modules to the device."""
+        if self.base == "fp8":
+            store_fp8(self.model.unet, self.dtype)
+            log("Base weights: the denoiser's frozen Linear and Conv layers stored in fp8, "
+                "computed layer by layer in " + str(self.dtype).replace("torch.", ""))
+        if self.t5 is not None and not any(p.requires_grad for p in self.t5.parameters()):
+            store_fp8(self.t5, self.dtype, T5_SKIP)
+            log("T5 text encoder stored in fp8")
+        for module in self.held:
+            if module is self.model.unet and self.swap is not None:
+                self._install_swap(log)
+            else:
+                module.to(self.device)
+
+    def _install_swap(self, log: Callable[[str], None]) -> None:
+        from trainer.models.block_swap import BlockSwapper, swap_units
+
+        units = swap_units(self.model.unet)
+        swapped = {id(p) for u in units[len(units) - self.swap:] for p in u.parameters()}
+        for module in self.model.unet.modules():  # everything else goes to the device
+            for param in module.parameters(recurse=False):
+                if id(param) not in swapped:
+                    param.data = param.data.to(self.device)
+            for name, buf in list(module._buffers.items()):
+                if buf is not None:
+                    module._buffers[name] = buf.to(self.device)
+        self.swapper = BlockSwapper(units, self.swap, self.device)
+        log(f"Block swap: {self.swap} of the denoiser's {len(units)} blocks live in host "
+            f"memory and visit the device as they run")
+
+
+def _t5_of(model: Any) -> Optional[torch.nn.Module]:
+    for name in ("text_encoder_2", "text_encoder_3"):
+        encoder = getattr(model, name, None)
+        if encoder is not None and type(encoder).__name__.startswith("T5"):
+            return encoder
+    return None
