@@ -46,6 +46,9 @@ def mode_checks(cfg: Any) -> None:
         raise ValueError("dataset.num_class_images is set but dataset.reg_data_dir is not: set "
                          "the folder that keeps the class images")
     loss_checks(cfg)
+    from trainer.config.parity_rules import parity_checks
+
+    parity_checks(cfg)
     from trainer.optim.optimizers import (
         optimizer_problems,  # optimizer and schedule that cannot pair
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import math
+import re
 import shlex
 from collections.abc import Callable
 from pathlib import Path
@@ -134,7 +135,10 @@ def key_values(text: Any) -> dict[str, Any]:
     if is_empty(text):
         return {}
     out: dict[str, Any] = {}
-    for item in shlex.split(str(text)):
+    items = shlex.split(str(text))
+    if items and re.fullmatch(r"--\w+_args", items[0]):  # pasted with its flag in front
+        items = items[1:]
+    for item in items:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"{item!r} is not key=value")

@@ -12,7 +12,8 @@ from typing import Any
 
 from trainer.config.plan import plan_steps
 from trainer.importers import kohya_convert as c
-from trainer.importers import kohya_flow
+from trainer.importers import kohya_extra, kohya_flow
+from trainer.importers.kohya_extra_table import optimizer_target
 from trainer.importers.kohya_network import NETWORK_KEYS, network, optimizer
 from trainer.importers.kohya_report import Ctx
 from trainer.importers.kohya_table import (
@@ -21,7 +22,6 @@ from trainer.importers.kohya_table import (
     NOT_NEEDED,
     NOT_SUPPORTED,
     TRAINED,
-    Refused,
     Rule,
     is_family_key,
 )
@@ -122,9 +122,9 @@ def warmup(ctx: Ctx, total: int | None) -> None:
         ctx.set("lr_warmup", "optimizer.lr_warmup_steps", c.percent_of(percent, total))
         ctx.note("lr_warmup", f"{percent:g}% of {total} steps")
     elif percent:
-        ctx.refuse("lr_warmup", "a percentage of the total steps, which are unknown here (no "
-                   "max_train_steps, and train_data_dir cannot be read): set "
-                   "optimizer.lr_warmup_steps")
+        ctx.set("lr_warmup", "optimizer.lr_warmup_ratio", percent / 100)
+        ctx.note("lr_warmup", f"{percent:g}% of steps that are unknown here (no max_train_steps, "
+                              f"train_data_dir not on this machine): the run counts them")
     for key in ("lr_warmup_steps", "lr_warmup"):
         if key in ctx.data and not _positive(ctx, key):
             ctx.unset(key)
@@ -265,17 +265,13 @@ def dataset_folders(ctx: Ctx) -> None:
 
 
 def custom_scheduler(ctx: Ctx) -> None:
-    """lr_scheduler_type names a torch scheduler class (not supported); lr_scheduler_args are
-    then its arguments, else the arguments of optimizer.lr_scheduler."""
-    custom = c.to_text(ctx.raw("lr_scheduler_type"))
+    """lr_scheduler_type names a torch scheduler class (optimizer.lr_scheduler_type, checked
+    when the config loads); lr_scheduler_args are then its arguments, else the arguments of
+    optimizer.lr_scheduler."""
     if "lr_scheduler_type" in ctx.data:
-        ctx.unset("lr_scheduler_type") if custom is c.UNSET else \
-            ctx.refuse("lr_scheduler_type", NOT_SUPPORTED["lr_scheduler_type"])
+        ctx.apply("lr_scheduler_type", Rule("optimizer.lr_scheduler_type", c.to_text))
     if "lr_scheduler_args" in ctx.data:
-        if custom is not c.UNSET and not c.is_empty(ctx.raw("lr_scheduler_args")):
-            ctx.refuse("lr_scheduler_args", "the arguments of lr_scheduler_type")
-        else:
-            ctx.apply("lr_scheduler_args", DIRECT["lr_scheduler_args"])
+        ctx.apply("lr_scheduler_args", DIRECT["lr_scheduler_args"])
 
 
 FLAG_RULES: dict[str, Rule] = {
@@ -287,10 +283,12 @@ FLAG_RULES: dict[str, Rule] = {
     "multires_noise_discount": Rule("training.multires_noise_discount", c.to_float),
     "max_train_steps": Rule("training.max_train_steps", c.to_int),
     "max_train_epochs": Rule("training.max_train_epochs", c.to_int),
-    "lr_warmup_steps": Rule("optimizer.lr_warmup_steps", lambda v: Refused(
-        "a fraction of the total steps; set optimizer.lr_warmup_steps (steps)")
-        if 0 < (c.number(v) or 0) < 1 else c.to_int(v)),
+    "lr_warmup_steps": Rule("optimizer.lr_warmup_steps", c.to_int),
+    "lr_warmup_ratio": Rule("optimizer.lr_warmup_ratio", c.to_float),  # --lr_warmup_steps < 1
     "optimizer_type": Rule("optimizer.optimizer_type", c.to_text),
+    "optimizer_class": Rule("optimizer.optimizer_class",  # --optimizer_type a.B
+                            lambda v: optimizer_target(v)[1]),
+    "lr_scheduler_type": Rule("optimizer.lr_scheduler_type", c.to_text),
     "text_encoder_lr": Rule("optimizer.text_encoder_lr", c.to_float, TRAINED),
     "unet_lr": Rule("optimizer.unet_lr", c.to_float, TRAINED),
     "network_dim": Rule("network.network_dim", c.to_int, ("lora",)),
@@ -298,6 +296,16 @@ FLAG_RULES: dict[str, Rule] = {
     "resolution": Rule("dataset.resolution", lambda v: c.resolution(v)[0]),
     "v_parameterization": Rule("model.prediction_type", lambda v: "v_prediction"),
 }
+
+
+def flag_name(name: str, value: Any) -> str:
+    """sd-scripts reads ``--lr_warmup_steps`` below 1 as a fraction of the steps and
+    ``--optimizer_type module.Class`` as a class to import: our keys of their own."""
+    if name == "lr_warmup_steps" and 0 < (c.number(value) or 0) < 1:
+        return "lr_warmup_ratio"
+    if name == "optimizer_type" and optimizer_target(value)[0].endswith("class"):
+        return "optimizer_class"
+    return name
 
 
 def additional_parameters(ctx: Ctx) -> None:
@@ -311,13 +319,11 @@ def additional_parameters(ctx: Ctx) -> None:
         return
     if not flags:
         ctx.unset(key)
-    custom = any(name == "lr_scheduler_type" for name, _ in flags)
     for name, value in flags:
         label = f"{key} --{name}"
+        name = flag_name(name, value)
         rule = FLAG_RULES.get(name) or DIRECT.get(name)
-        if name == "lr_scheduler_args" and custom:
-            ctx.refuse(label, "the arguments of lr_scheduler_type", value)
-        elif rule is not None:
+        if rule is not None:
             ctx.apply(label, rule, value)
         elif name in NOT_NEEDED:
             ctx.skip(label, NOT_NEEDED[name])
@@ -344,6 +350,7 @@ DERIVED: list[tuple[tuple[str, ...], Any]] = [
       "multires_noise_iterations", "multires_noise_discount"), noise),
     (NETWORK_KEYS, network),
     (("optimizer", "optimizer_args"), optimizer),
+    (kohya_extra.CONTEXT_KEYS, kohya_extra.in_context),
     (("additional_parameters",), additional_parameters),
     (kohya_flow.KEYS, kohya_flow.flow),  # last: it drops the DDPM options mapped above
 ]

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from trainer.config import SECTIONS, OptimizerSection
 from trainer.config.rules import NETWORK_OPTIONS
 from trainer.importers import kohya_convert as c
+from trainer.importers.kohya_extra_table import optimizer_target
 from trainer.importers.kohya_report import Ctx
 from trainer.importers.kohya_table import Rule
 
@@ -178,7 +179,7 @@ DEFAULT_WEIGHT_DECAY = {
 def optimizer(ctx: Ctx) -> None:
     name = c.to_text(ctx.raw("optimizer")) if "optimizer" in ctx.data else c.UNSET
     if name is not c.UNSET:
-        ctx.set("optimizer", "optimizer.optimizer_type", name)
+        ctx.set("optimizer", *optimizer_target(name))
     elif "optimizer" in ctx.data:
         ctx.unset("optimizer")
     try:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainer.importers import kohya_convert as c
+from trainer.importers.kohya_extra_table import EXTRA_DIRECT, SAMPLER_NAMES
 
 TRAINED = ("lora", "dreambooth")
 
@@ -62,26 +63,19 @@ def bucket_step(value: Any) -> Any:
 
 
 def sampler(value: Any) -> Any:
-    """sd-scripts' sample samplers -> ours (the k_ names are the same samplers)."""
-    table = {"ddim": "ddim", "euler": "euler", "k_euler": "euler", "euler_a": "euler_a",
-             "k_euler_a": "euler_a", "dpmsolver++": "dpmsolver++", "dpmsolver": "dpmsolver++"}
+    """sd-scripts' sample samplers (``get_my_scheduler``; the k_ names are the same samplers);
+    sd-scripts samples with DDIM for a name it does not know."""
     if c.is_empty(value):
         return c.UNSET
-    if value in table:
-        return table[value]
-    return Noted("euler_a", f"{value!r} is not available here; samples use euler_a")
+    name = SAMPLER_NAMES.get(str(value).strip().lower())
+    return name or Noted("ddim", f"{value!r} is not a sampler of sd-scripts, which then "
+                                 f"samples with ddim")
 
 
 def prompts(value: Any) -> Any:
-    """sd-scripts prompt lines may carry options (``--n negative --s 20``); ours are plain."""
-    lines = c.prompt_lines(value)
-    if lines is c.UNSET:
-        return lines
-    plain = [ln.split(" --", 1)[0].strip() for ln in lines]
-    if plain != lines:
-        return Noted(plain, "per-prompt options (--n, --s, --l, --w, --h, --d) were dropped; "
-                            "set sampling.sample_steps / sample_guidance_scale instead")
-    return plain
+    """sd-scripts' prompt lines, with their options (``--n negative --s 20``), which the
+    samples read the same way (trainer/run/sample_prompts.py)."""
+    return c.prompt_lines(value)
 
 
 def log_with(value: Any) -> Any:
@@ -189,6 +183,8 @@ DIRECT: dict[str, Rule] = {
     "metadata_license": Rule("saving.metadata_license", c.to_text),
 }
 
+DIRECT.update({key: Rule(target, convert) for key, (target, convert) in EXTRA_DIRECT.items()})
+
 _ATTN = "attention here is always PyTorch's scaled-dot-product attention"
 _LAUNCH = "accelerate launch settings of kohya_ss; one process trains here (training.num_processes)"
 _HUB = "uploading to the Hugging Face Hub is not part of training here"
@@ -240,8 +236,6 @@ NOT_SUPPORTED: dict[str, str] = {
                     "saved state)"),
     **dict.fromkeys(("save_last_n_steps", "save_last_n_steps_state", "save_last_n_epochs",
                      "save_last_n_epochs_state"), "deleting older intermediate saves"),
-    "lr_scheduler_type": "custom torch schedulers (with their lr_scheduler_args); pick "
-                         "optimizer.lr_scheduler",
     **dict.fromkeys(("fused_backward_pass", "fused_optimizer_groups",
                      "blockwise_fused_optimizers"), "fused optimizer steps"),
     **dict.fromkeys(("ip_noise_gamma", "ip_noise_gamma_random_strength"),

@@ -69,9 +69,14 @@ OPTIMIZERS: dict[str, Spec] = {
     "RAdamScheduleFree": Spec("schedulefree.RAdamScheduleFree", "schedule_free", (2, 0)),
     "SGDScheduleFree": Spec("schedulefree.SGDScheduleFree", "schedule_free", (1, 0)),
 }
+# Optimizers that step every parameter group with one rate: dadaptation / prodigyopt raise
+# "different lr values in different parameter groups" at the first step otherwise.
+ONE_LR = ("DAdaptAdam", "DAdaptation", "DAdaptAdamPreprint", "DAdaptLion", "DAdaptSGD",
+          "Prodigy")
 # The package each source comes from, for the message when it is missing.
 PACKAGES = {"lion_pytorch": "lion-pytorch", "prodigyopt": "prodigyopt",
-            "dadaptation": "dadaptation", "schedulefree": "schedulefree"}
+            "dadaptation": "dadaptation", "schedulefree": "schedulefree",
+            "came_pytorch": "came-pytorch", "pytorch_optimizer": "pytorch-optimizer"}
 # Schedules that need an entry of optimizer.lr_scheduler_args (the schedule's own keyword).
 SCHEDULE_NEEDS = {"cosine_with_min_lr": ("min_lr_rate", "min_lr"),
                   "warmup_stable_decay": ("num_decay_steps",),
@@ -98,8 +103,21 @@ def relative_step(section: Any) -> bool:
 
 def optimizer_problems(section: Any) -> Optional[str]:
     """Why the optimizer and the schedule cannot go together, or None (checked at load time)."""
+    from trainer.optim.torch_schedulers import custom_scheduler_problem
+
     family, sched = spec(section.optimizer_type).family, section.lr_scheduler
     name = f"optimizer.optimizer_type = {section.optimizer_type!r}"
+    if section.lr_warmup_steps and section.lr_warmup_ratio:
+        return ("optimizer.lr_warmup_steps and optimizer.lr_warmup_ratio both set the warm-up; "
+                "keep one")
+    if section.lr_warmup_ratio and family == "schedule_free":
+        return (f"{name} takes its warm-up in steps: set optimizer.lr_warmup_steps instead of "
+                f"optimizer.lr_warmup_ratio")
+    custom = custom_scheduler_problem(section)
+    if custom:
+        return custom
+    if family == "schedule_free" and section.lr_scheduler_type:
+        return f"{name} schedules its own steps: unset optimizer.lr_scheduler_type"
     if family == "schedule_free" and sched != "constant":
         return (f"{name} schedules its own steps: optimizer.lr_scheduler must be 'constant' "
                 f"(not {sched!r}); optimizer.lr_warmup_steps becomes its warm-up")
@@ -135,8 +153,9 @@ def _example(key: str) -> str:
 
 def make_optimizer(section: Any, groups: list[dict[str, Any]], backend: str):
     """The optimizer of ``section`` over the parameter ``groups`` (with per-group lr)."""
-    name = section.optimizer_type
-    sp = spec(name)
+    name = section.optimizer_class or section.optimizer_type
+    sp = Spec(name if "." in name else f"torch.optim.{name}") if section.optimizer_class \
+        else spec(name)
     cls = _bitsandbytes(name, backend, sp) if sp.bnb else _import(name, sp.source)
     groups = [{k: v for k, v in g.items() if k != "name"} for g in groups]
     kwargs: dict[str, Any] = {"weight_decay": section.weight_decay, **sp.defaults}
@@ -151,7 +170,7 @@ def make_optimizer(section: Any, groups: list[dict[str, Any]], backend: str):
             kwargs = {"scale_parameter": False, "warmup_init": False, **kwargs}
     if sp.family == "schedule_free" and section.lr_warmup_steps:
         kwargs.setdefault("warmup_steps", section.lr_warmup_steps)
-    if name == "AdamW":  # one fused kernel instead of a few small ops per tensor
+    if name == "AdamW" and not section.optimizer_class:  # one fused kernel, not many small ops
         from trainer.system.speed import fused_adamw_kwargs
 
         kwargs.update(fused_adamw_kwargs([p for g in groups for p in g["params"]],
@@ -173,6 +192,9 @@ def _import(name: str, source: str):
         package = PACKAGES.get(module.split(".")[0], module.split(".")[0])
         raise OptimizerError(f"optimizer.optimizer_type = {name!r} needs the {package} "
                              f"package ({exc}); run setup.sh or pip install {package}") from None
+    except AttributeError:
+        raise OptimizerError(f"optimizer.optimizer_class = {name!r}: {module} has no "
+                             f"{attr}") from None
 
 
 def _bitsandbytes(name: str, backend: str, sp: Spec):
@@ -206,6 +228,10 @@ def make_scheduler(section: Any, optimizer, total_steps: int):
     """The learning-rate schedule: diffusers' and transformers' by name, transformers'
     AdafactorSchedule for ``adafactor`` (it reports Adafactor's own step size)."""
     name = section.lr_scheduler
+    if section.lr_scheduler_type:
+        from trainer.optim.torch_schedulers import make_custom_scheduler
+
+        return make_custom_scheduler(section, optimizer)
     if name == "adafactor":
         from transformers.optimization import AdafactorSchedule
 
@@ -215,14 +241,35 @@ def make_scheduler(section: Any, optimizer, total_steps: int):
         from diffusers.optimization import get_scheduler
 
         return get_scheduler(
-            name, optimizer, num_warmup_steps=section.lr_warmup_steps,
+            name, optimizer, num_warmup_steps=warmup_steps(section, total_steps),
             num_training_steps=total_steps, num_cycles=section.lr_scheduler_num_cycles,
             power=section.lr_scheduler_power, step_rules=args.get("step_rules"),
         )
     from transformers.optimization import get_scheduler as hf_scheduler
 
-    return hf_scheduler(name, optimizer, num_warmup_steps=section.lr_warmup_steps,
+    return hf_scheduler(name, optimizer, num_warmup_steps=warmup_steps(section, total_steps),
                         num_training_steps=total_steps, scheduler_specific_kwargs=args)
+
+
+def warmup_steps(section: Any, total_steps: int) -> int:
+    """The warm-up in steps: lr_warmup_steps, or lr_warmup_ratio of the run's steps rounded
+    down (sd-scripts: ``int(lr_warmup_steps * num_training_steps)`` for a float)."""
+    if section.lr_warmup_ratio:
+        return int(section.lr_warmup_ratio * total_steps)
+    return section.lr_warmup_steps
+
+
+def one_lr_problem(section: Any, rates: dict[str, float]) -> Optional[str]:
+    """An optimizer of ``ONE_LR`` with different rates for the trained parts (``rates``: part
+    -> its rate); None when it can run."""
+    name = section.optimizer_class or section.optimizer_type
+    if name not in ONE_LR or len(set(rates.values())) < 2:
+        return None
+    listed = ", ".join(f"{part} {lr:g}" for part, lr in rates.items())
+    return (f"optimizer.optimizer_type = {name!r} steps every trained part with one learning "
+            f"rate (it estimates the step size itself; dadaptation and prodigyopt stop at the "
+            f"first step otherwise, in sd-scripts too): here {listed}. Set optimizer.unet_lr "
+            f"and the text-encoder rates equal, or unset them")
 
 
 def state_bytes_per_weight(name: str, weight_bytes: int) -> Optional[float]:

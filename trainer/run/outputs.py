@@ -72,9 +72,10 @@ def save_checkpoint(s: Any, out: Any, epoch: int, step: int, suffix: str,
 
 def save_samples(s: Any, out: Any, step: int) -> None:
     """One image per sample prompt from the model being trained, announced as a Sample."""
+    from trainer.run.sample_prompts import sample_prompts
     from trainer.run.sampling import make_samples
 
-    prompts = s.cfg.sampling.sample_prompts
+    prompts = [p.prompt for p in sample_prompts(s.cfg)]
     if not prompts:
         return
     with averaged_weights(s.optimizer):

@@ -15,40 +15,38 @@ from typing import Any, Optional
 import torch
 
 from trainer.config import TrainConfig
+from trainer.run.sample_prompts import sample_prompts
 
-SAMPLERS = {
-    "ddim": "DDIMScheduler",
-    "euler": "EulerDiscreteScheduler",
-    "euler_a": "EulerAncestralDiscreteScheduler",
-    "dpmsolver++": "DPMSolverMultistepScheduler",
-}
+
+def _sd_scheduler_config(model: Any) -> dict[str, Any]:
+    config = dict(model.noise_scheduler.config)
+    if config.get("rescale_betas_zero_snr"):
+        config["timestep_spacing"] = "trailing"  # Lin et al. 2024, section 3.3
+    return config
 
 
 def inference_pipeline(model: Any, cfg: TrainConfig, unet: Optional[Any] = None):
     """A pipeline over ``model``'s modules (``unet`` replaces the model's, e.g. unwrapped)."""
-    import diffusers
-
     from trainer.models.conditioning import family_of
+    from trainer.run.sample_prompts import make_scheduler
 
     family = family_of(model)
-    config = dict(model.noise_scheduler.config)
     if family.objective == "flow":
-        scheduler = model.noise_scheduler.__class__.from_config(config)
+        scheduler = model.noise_scheduler.__class__.from_config(model.noise_scheduler.config)
     else:
-        if config.get("rescale_betas_zero_snr"):
-            config["timestep_spacing"] = "trailing"  # Lin et al. 2024, section 3.3
-        scheduler = getattr(diffusers, SAMPLERS[cfg.sampling.sample_sampler]).from_config(config)
+        scheduler = make_scheduler(cfg.sampling.sample_sampler, _sd_scheduler_config(model))
     pipe = family.pipeline(model, unet if unet is not None else model.unet, scheduler)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
 
 def make_samples(model: Any, cfg: TrainConfig, step: int, accelerator: Any) -> list[Path]:
-    """One image per prompt into ``<output_dir>/sample/``; returns their paths."""
+    """One image per prompt into ``<output_dir>/sample/``, each with its own options
+    (trainer/run/sample_prompts.py); returns their paths."""
     from trainer.models.conditioning import family_of
 
-    sm = cfg.sampling
-    parts = [model.vae] + [enc for _, enc, _ in family_of(model).text_encoders(model)]
+    family = family_of(model)
+    parts = [model.vae] + [enc for _, enc, _ in family.text_encoders(model)]
     devices = [part.device for part in parts]  # cached text outputs may have moved encoders off
     for part in parts:
         part.to(accelerator.device)
@@ -59,13 +57,9 @@ def make_samples(model: Any, cfg: TrainConfig, step: int, accelerator: Any) -> l
     unet_training = model.unet.training
     model.unet.eval()
     try:
-        for i, prompt in enumerate(sm.sample_prompts):
-            generator = torch.Generator("cpu").manual_seed(sm.sample_seed + i)
+        for i, spec in enumerate(sample_prompts(cfg)):
             with torch.no_grad(), accelerator.autocast():
-                image = pipe(prompt, num_inference_steps=sm.sample_steps,
-                             guidance_scale=sm.sample_guidance_scale,
-                             height=cfg.dataset.resolution, width=cfg.dataset.resolution,
-                             generator=generator).images[0]
+                image = pipe(**_call_args(model, cfg, pipe, spec, i)).images[0]
             path = out_dir / f"{cfg.saving.output_name}_{step:06d}_{i:02d}.png"
             image.save(path)
             paths.append(path)
@@ -74,3 +68,24 @@ def make_samples(model: Any, cfg: TrainConfig, step: int, accelerator: Any) -> l
         for part, device in zip(parts, devices):
             part.to(device)
     return paths
+
+
+def _call_args(model: Any, cfg: TrainConfig, pipe: Any, spec: Any, i: int) -> dict[str, Any]:
+    """The pipeline's arguments for one prompt: its own options over the [sampling] section;
+    an SD family's sampler is set on ``pipe`` (a prompt's --ss)."""
+    from trainer.models.conditioning import family_of
+    from trainer.run.sample_prompts import make_scheduler, side
+
+    sm = cfg.sampling
+    if family_of(model).objective != "flow":
+        pipe.scheduler = make_scheduler(spec.sampler or sm.sample_sampler,
+                                        _sd_scheduler_config(model))
+    seed = spec.seed if spec.seed is not None else sm.sample_seed + i
+    args = {"prompt": spec.prompt, "num_inference_steps": spec.steps or sm.sample_steps,
+            "guidance_scale": sm.sample_guidance_scale if spec.scale is None else spec.scale,
+            "height": side(spec.height, cfg.dataset.resolution),
+            "width": side(spec.width, cfg.dataset.resolution),
+            "generator": torch.Generator("cpu").manual_seed(seed)}
+    if spec.negative_prompt:
+        args["negative_prompt"] = spec.negative_prompt
+    return args

@@ -20,6 +20,14 @@ SchedulerName = Literal[
 
 class OptimizerSection(Section):
     optimizer_type: OptimizerName = setting("AdamW", "Optimizer.", label="Optimizer")
+    optimizer_class: Optional[str] = setting(
+        None, "An optimizer by import path instead of optimizer_type, as sd-scripts' "
+        "--optimizer_type takes it: 'module.Class' (e.g. 'pytorch_optimizer.CAME'), a bare "
+        "name is a class of torch.optim; it gets the learning rates, weight_decay and "
+        "optimizer_args.", advanced=True,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$",
+        label="Optimizer class (import path)",
+    )
     learning_rate: float = setting(1e-4, "Base learning rate.", gt=0, le=10, label="Learning rate")
     unet_lr: Optional[float] = setting(
         None, "Learning rate of the UNet; unset uses learning_rate.", modes=("lora", "dreambooth"),
@@ -48,6 +56,12 @@ class OptimizerSection(Section):
                                           label="Learning-rate schedule")
     lr_warmup_steps: int = setting(0, "Warm-up steps at the start of the schedule.", ge=0,
                                    label="Learning-rate warm-up steps")
+    lr_warmup_ratio: Optional[float] = setting(
+        None, "Warm-up as a fraction of the run's steps, instead of lr_warmup_steps "
+        "(sd-scripts' --lr_warmup_steps given as a float < 1; kohya_ss's warm-up %).",
+        advanced=True, gt=0, lt=1,
+        label="Learning-rate warm-up fraction",
+    )
     lr_scheduler_num_cycles: int = setting(
         1, "Restarts of cosine_with_restarts.", advanced=True, ge=1, le=1000,
         label="Cosine restarts",
@@ -56,11 +70,20 @@ class OptimizerSection(Section):
         1.0, "Power of the polynomial schedule.", advanced=True, gt=0, le=100,
         label="Polynomial power",
     )
-    lr_scheduler_args: dict[str, Union[bool, int, float, str]] = setting(
+    lr_scheduler_args: dict[str, Union[bool, int, float, str, list[Union[int, float]]]] = \
+        setting(
         {}, "Extra keyword arguments for the schedule (sd-scripts' lr_scheduler_args), e.g. "
         "{min_lr_rate = 0.1} for cosine_with_min_lr, {num_decay_steps = 100} for "
-        "warmup_stable_decay, {step_rules = '1:100,0.1'} for piecewise_constant.",
+        "warmup_stable_decay, {step_rules = '1:100,0.1'} for piecewise_constant; with "
+        "lr_scheduler_type, that class's arguments ({step_size = 100, gamma = 0.5}).",
         advanced=True, widget="dict", label="Schedule arguments",
+    )
+    lr_scheduler_type: Optional[str] = setting(
+        None, "A class of torch.optim.lr_scheduler (StepLR, OneCycleLR, ...) or 'module.Class' "
+        "as the schedule instead of lr_scheduler, with lr_scheduler_args as its arguments "
+        "(sd-scripts' --lr_scheduler_type); checked when the config loads.", advanced=True,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$",
+        label="Custom schedule class",
     )
     max_grad_norm: float = setting(
         1.0, "Clip gradients to this norm; 0 turns clipping off (as in sd-scripts).", ge=0,

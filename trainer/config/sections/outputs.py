@@ -9,8 +9,16 @@ from trainer.config.sections.base import Section, setting
 
 class SamplingSection(Section):
     sample_prompts: list[str] = setting(
-        [], "Prompts of the sample images, one per line.", widget="list",
+        [], "Prompts of the sample images, one per line; a line may end in sd-scripts' "
+        "options: --n negative prompt, --w / --h size, --d seed, --l guidance scale, --s "
+        "steps, --ss sampler.", widget="list",
         label="Sample prompts",
+    )
+    sample_prompts_file: Optional[str] = setting(
+        None, "An sd-scripts prompt file (.txt with a prompt per line, .toml with "
+        "[[prompt.subset]], .json), read at each sampling, after sample_prompts.",
+        advanced=True, widget="file",
+        label="Sample prompts file",
     )
     sample_every_n_steps: Optional[int] = setting(
         None, "Make sample images every N steps.", ge=1,
@@ -20,8 +28,10 @@ class SamplingSection(Section):
         None, "Make sample images every N epochs.", ge=1,
         label="Sample every N epochs",
     )
-    sample_sampler: Literal["ddim", "euler", "euler_a", "dpmsolver++"] = setting(
-        "euler_a", "Sampler of the sample images.", advanced=True,
+    sample_sampler: Literal["ddim", "pndm", "lms", "euler", "euler_a", "heun", "dpm_2",
+                            "dpm_2_a", "dpmsolver", "dpmsolver++", "dpmsingle"] = setting(
+        "euler_a", "Sampler of the sample images (sd-scripts' names; k_euler etc. are the "
+        "same samplers); a prompt's --ss overrides it.", advanced=True,
         label="Sampler",
     )
     sample_steps: int = setting(20, "Denoising steps per sample image.", advanced=True, ge=1,

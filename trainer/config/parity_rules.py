@@ -1,0 +1,42 @@
+"""Load-time checks of the settings that came with kohya_ss parity (issue 21): each refuses a
+combination that cannot work, naming the settings and what to change.
+
+Called from :func:`trainer.config.rules.mode_checks`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainer.optim.optimizers import ONE_LR  # noqa: F401 - the importer reads it here
+
+
+def parity_checks(cfg: Any) -> None:
+    one_rate_checks(cfg)
+
+
+def trained_rates(cfg: Any) -> dict[str, float]:
+    """The learning rate of each part that trains (LoRA and DreamBooth), as the run groups
+    them: the UNet at unet_lr, the text encoders at text_encoder_lr / text_encoder_2_lr, each
+    falling back to learning_rate (the second encoder to the first's rate)."""
+    opt, net = cfg.optimizer, cfg.network
+    if cfg.mode == "textual_inversion":
+        return {}
+    te = opt.text_encoder_lr or opt.learning_rate
+    parts = {"unet": (net.train_unet, opt.unet_lr or opt.learning_rate),
+             "text encoder": (net.train_text_encoder, te)}
+    if cfg.model.model_version == "sdxl":
+        second = net.train_text_encoder if net.train_text_encoder_2 is None \
+            else net.train_text_encoder_2
+        parts["second text encoder"] = (second, opt.text_encoder_2_lr or te)
+    return {part: lr for part, (on, lr) in parts.items() if on}
+
+
+def one_rate_checks(cfg: Any) -> None:
+    """D-Adaptation and Prodigy step every group with one rate (trainer/optim/optimizers.py
+    ONE_LR)."""
+    from trainer.optim.optimizers import one_lr_problem
+
+    problem = one_lr_problem(cfg.optimizer, trained_rates(cfg))
+    if problem:
+        raise ValueError(problem)

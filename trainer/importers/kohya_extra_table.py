@@ -1,0 +1,34 @@
+"""kohya_ss keys of issue 21's second half (captions, noise, schedules, samples, metadata...):
+their rules, kept apart from ``kohya_table.py`` (which merges them into ``DIRECT``) so that
+neither table grows past a screen. Pure data and converters: no handler lives here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, get_args
+
+from trainer.config.sections.outputs import SamplingSection
+
+# sd-scripts' sampler spellings -> ours (library/train_util.py get_my_scheduler)
+SAMPLER_NAMES: dict[str, str] = {
+    **{n: n for n in get_args(SamplingSection.model_fields["sample_sampler"].annotation)},
+    "k_lms": "lms", "k_euler": "euler", "k_euler_a": "euler_a", "k_dpm_2": "dpm_2",
+    "k_dpm_2_a": "dpm_2_a",
+}
+
+
+# Optimizers that kohya_ss users name without their package: the import path of the class
+# (CAME, Luo et al. 2023: the authors' package came-pytorch)
+CLASS_PATHS = {"CAME": "came_pytorch.CAME"}
+
+
+def optimizer_target(name: Any) -> tuple[str, str]:
+    """(our key, value): sd-scripts' --optimizer_type also takes ``module.Class``, which is
+    optimizer.optimizer_class here."""
+    name = CLASS_PATHS.get(str(name), str(name))
+    return ("optimizer.optimizer_class" if "." in name else "optimizer.optimizer_type"), name
+
+
+# kohya key -> (our dotted key, converter); kohya_table.DIRECT takes them as Rules
+EXTRA_DIRECT: dict[str, tuple[str, Any]] = {
+}
