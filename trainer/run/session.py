@@ -21,6 +21,7 @@ import torch
 from trainer.config import TrainConfig
 from trainer.config.plan import StepPlan, plan_steps
 from trainer.events import Event
+from trainer.run.cpu_precision import choose_cpu_precision, cpu_bf16_norms
 from trainer.run.state import Progress
 from trainer.run.step import encode_captions, encode_images
 
@@ -97,6 +98,7 @@ def prepare(s: Session, out: Reporter) -> None:
         s.model = load_base_model(s.cfg.model, s.dtype)
     out.check_stop()
     out.log(f"Base model: {s.model.source} ({s.model.description or s.model.version})")
+    choose_cpu_precision(s, out)  # auto on a CPU with bf16 units: bf16 where it measures faster
     _check_family(s)
     with main_process_first(s.device_info):  # rank 0 generates, the other processes wait
         if ensure_class_images(s.cfg, s.model, s.device_info, s.precision, out) or rank():
@@ -211,6 +213,7 @@ def _place_and_inject(s: Session, out: Reporter) -> list[dict[str, Any]]:
         if memory.holds(module):
             continue
         module.to(device) if s.dtype == torch.float32 else module.to(device, s.dtype)
+    cpu_bf16_norms(s.device_info.backend, s.dtype, _networks(model))  # issue 20: mixed dtype
     groups = s.method.prepare(model)
     trained = _trained_modules(model)
     # trained weights in fp32 (or bf16 with full_bf16); the frozen rest at the compute dtype

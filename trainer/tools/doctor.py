@@ -22,6 +22,7 @@ Torch itself is only asked through :func:`trainer.system.device.detect`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import platform
 import re
 import textwrap
@@ -60,6 +61,7 @@ class Report:
     facts: SystemFacts
     findings: tuple[Finding, ...]
     models: tuple[tuple[str, str], ...] = ()  # (family, can a single file of it load offline)
+    cpu_bf16: str = ""  # the CPU's bf16 units and measured speed (tools/cpu_bf16_report.py)
 
     @property
     def usable(self) -> bool:
@@ -263,6 +265,8 @@ def render(report: Report) -> str:
         ("Intel GPU", facts.intel_gpu or "none"),
     ]
     lines = ["kohya-studio doctor", ""] + [f"  {k:<20}{v}" for k, v in rows] + [""]
+    if report.cpu_bf16:
+        lines += [report.cpu_bf16, ""]
     if report.models:
         lines += ["  Single .safetensors/.ckpt files load offline with the built-in configs and a "
                   "tokenizer:"] + [f"    {k:<18}{v}" for k, v in report.models] + [""]
@@ -314,5 +318,9 @@ def main(
     )
     parser.parse_args(list(argv) if argv is not None else [])
     report = build_report(probes, torch_module)
+    if torch_module is None:  # the real CPU (issue 20): its bf16 units and measured ratios
+        from trainer.tools.cpu_bf16_report import cpu_bf16_report
+
+        report = dataclasses.replace(report, cpu_bf16=cpu_bf16_report())
     print(render(report))
     return 0 if report.usable else 1

@@ -1,0 +1,145 @@
+"""bf16 base weights on the CPU: chosen by ``auto`` where they measure faster, and safe for
+every network type.
+
+With ``mixed_precision = "bf16"`` the frozen weights of the UNet / transformer and the text
+encoders are stored in bf16 (half the resident memory) and the trained parameters and the
+optimizer state stay fp32, as on GPUs with a ``weight_dtype``; autocast runs the matmuls in bf16.
+On a CPU with bf16 units (AMX, AVX512-BF16) that is twice as fast as fp32 at 256 px for an
+SD 1.5 UNet, but slower at 64 px, so ``auto`` decides by a short probe on the loaded model at
+the run's resolution (cached per CPU in trainer/system/cpu_bf16.py) and logs why.
+
+:func:`keep_norms_fp32` fixes "mixed dtype (CPU): expect parameter to have scalar type of
+Float": torch's CPU layer/group norm accepts a bf16 input with fp32 parameters but not the
+reverse, which happens where an adapter (LyCORIS) or autocast hands an fp32 tensor to a frozen
+bf16 norm, e.g. ``clip_skip = 2`` with a trained text encoder.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from trainer.system import cpu_bf16
+
+log = logging.getLogger(__name__)
+
+NORMS = (torch.nn.LayerNorm, torch.nn.GroupNorm)
+
+
+def keep_norms_fp32(module: torch.nn.Module) -> int:
+    """Cast the parameters of every LayerNorm / GroupNorm in ``module`` back to fp32 (they are
+    tiny); returns how many norms were cast."""
+    count = 0
+    for sub in module.modules():
+        if isinstance(sub, NORMS) and any(p.dtype != torch.float32 for p in sub.parameters()):
+            sub.float()
+            count += 1
+    return count
+
+
+def choose_cpu_precision(s: Any, out: Any) -> None:
+    """``training.mixed_precision = "auto"`` on the CPU: bf16 base weights when this CPU has
+    bf16 units and the probe (or its cached result) finds them faster for this model and
+    resolution, else fp32. Sets ``s.precision`` / ``s.dtype``; other cases are left alone."""
+    if s.cfg.training.mixed_precision != "auto" or s.device_info.backend != "cpu":
+        return
+    units = cpu_bf16.bf16_units()
+    if not units:
+        out.log("Precision auto: fp32 (this CPU has no bf16 units: no amx_bf16 / avx512_bf16)")
+        return
+    key = _key(s)
+    ratio, how = cpu_bf16.cached_ratio(key), "cached"
+    if ratio is None:
+        measured = probe(s.model, s.cfg)
+        if measured is None:
+            out.log("Precision auto: fp32 (the bf16 probe could not copy this model)")
+            return
+        ratio, how = cpu_bf16.store_result(key, *measured), "measured"
+    words = cpu_bf16.ratio_words(ratio)
+    if ratio < cpu_bf16.FASTER_BELOW:
+        s.precision, s.dtype = "bf16", torch.bfloat16
+        out.log(f"Precision auto: bf16 base weights ({', '.join(units)}; {how}: {words} than "
+                f"fp32 for this model at {s.cfg.dataset.resolution} px); trained weights stay "
+                f"fp32")
+    else:
+        out.log(f"Precision auto: fp32 ({', '.join(units)}, but {how}: {words} than fp32 for "
+                f"this model at {s.cfg.dataset.resolution} px; mixed_precision = 'bf16' forces "
+                f"it)")
+
+
+def _key(s: Any) -> str:
+    unet = s.model.unet
+    shape = f"{type(unet).__name__} {sum(p.numel() for p in unet.parameters()) / 1e6:.1f}M"
+    return cpu_bf16.probe_key(s.device_info.name, torch.__version__, shape,
+                              s.cfg.dataset.resolution, torch.get_num_threads())
+
+
+def probe(model: Any, cfg: Any) -> tuple[float, float] | None:
+    """Seconds of one denoiser forward + backward (gradient to the input, as a LoRA step needs
+    through the frozen weights) at batch 1 and the run's resolution: fp32 as loaded, then a bf16
+    copy under autocast. None when no copy can be made."""
+    copy = bf16_copy(model.unet)
+    if copy is None:
+        return None
+    inputs = _inputs(model, cfg)
+    fp32 = cpu_bf16.seconds(lambda: _step(model, model.unet, cfg, inputs, False))
+    bf16 = cpu_bf16.seconds(lambda: _step(model, copy, cfg, inputs, True))
+    log.info("bf16 probe: fp32 %.3fs, bf16 %.3fs", fp32, bf16)
+    return fp32, bf16
+
+
+def bf16_copy(module: torch.nn.Module) -> torch.nn.Module | None:
+    """A bf16 copy built on the meta device and filled tensor by tensor, so it costs half the
+    fp32 model, never a whole second fp32 copy."""
+    from accelerate import init_empty_weights
+
+    try:
+        with init_empty_weights(include_buffers=True):
+            copy = type(module).from_config(module.config)
+        state = {k: v.to(torch.bfloat16) if v.is_floating_point() else v
+                 for k, v in module.state_dict().items()}
+        copy.load_state_dict(state, assign=True)
+    except Exception:  # noqa: BLE001 - a model that cannot be rebuilt is not probed
+        log.debug("no bf16 copy for the probe", exc_info=True)
+        return None
+    if any(t.is_meta for t in list(copy.parameters()) + list(copy.buffers())):
+        return None
+    keep_norms_fp32(copy)
+    return copy.requires_grad_(False).eval()
+
+
+def _inputs(model: Any, cfg: Any) -> tuple[Any, ...]:
+    from trainer.run.step import encode_captions
+
+    vae = model.vae.config
+    down = 2 ** (len(vae.block_out_channels) - 1)
+    side = cfg.dataset.resolution // down
+    noisy = torch.randn(1, vae.latent_channels, side, side, generator=torch.Generator()
+                        .manual_seed(0))
+    flow = model.version in ("flux1", "sd3")
+    t = torch.tensor([0.5]) if flow else torch.tensor([500])
+    with torch.no_grad():
+        text = encode_captions(model, [""], cfg.model.clip_skip)
+    res = cfg.dataset.resolution
+    size_ids = torch.tensor([[res, res, 0, 0, res, res]], dtype=torch.float32)
+    return noisy, t, text, size_ids
+
+
+def _step(model: Any, denoiser: Any, cfg: Any, inputs: tuple[Any, ...], bf16: bool) -> None:
+    from trainer.models.conditioning import family_of
+
+    noisy, t, text, size_ids = inputs
+    x = noisy.clone().requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        pred = family_of(model).predict(model, x, t, text, size_ids, cfg, denoiser=denoiser)
+    torch.autograd.grad(pred.float().square().mean(), x)
+
+
+def cpu_bf16_norms(backend: str, dtype: torch.dtype, modules: list[Any]) -> None:
+    """On the CPU with bf16 base weights, the frozen norms of ``modules`` stay fp32 (see
+    :func:`keep_norms_fp32`); GPUs' autocast runs norms in fp32 by itself."""
+    if backend == "cpu" and dtype == torch.bfloat16:
+        for module in modules:
+            keep_norms_fp32(module)
