@@ -202,8 +202,8 @@ def test_lycoris_types_and_their_options():
     assert net.module_dropout is None
     cfg, _ = import_kohya({"LoRA_type": "LyCORIS/LoCon", "dora_wd": True})
     assert cfg.network.network_type == "dora"
-    _, report = import_kohya({"LoRA_type": "Standard", "rank_dropout": 0.2})
-    assert report.unsupported[0][:2] == ("rank_dropout", 0.2)  # peft LoRA has none
+    cfg, report = import_kohya({"LoRA_type": "Standard", "rank_dropout": 0.2})
+    assert cfg.network.rank_dropout == 0.2 and not report.unsupported  # sd-scripts' meaning
     _, report = import_kohya({"LoRA_type": "LyCORIS/iA3", "network_dim": 64})
     assert report.not_needed == [("network_dim", "not used by network_type 'ia3' (kohya_ss "
                                                  "passes no value)")]

@@ -163,3 +163,24 @@ def test_loraplus_two_steps_train(tmp_path):
     with safe_open(result.output_path, "pt") as f:
         ups = [f.get_tensor(k) for k in f.keys() if k.endswith("lora_up.weight")]
     assert any(torch.count_nonzero(u) for u in ups)
+
+
+def test_kohya_ss_network_keys_import_with_nothing_unsupported(tmp_path):
+    from trainer.importers.kohya_ss import import_kohya
+
+    weights = tmp_path / "prev.safetensors"
+    cfg, report = import_kohya({
+        "LoRA_type": "Standard", "network_dim": 8, "loraplus_lr_ratio": "16",
+        "loraplus_unet_lr_ratio": "", "loraplus_text_encoder_lr_ratio": 4,
+        "down_lr_weight": "sine+0.5", "mid_lr_weight": "1", "up_lr_weight": "1,1,0.5",
+        "block_lr_zero_threshold": "0.1", "block_dims": ",".join(["4"] * 25),
+        "block_alphas": ",".join(["2"] * 25), "conv_block_dims": "", "conv_block_alphas": "",
+        "network_weights": str(weights), "dim_from_weights": True, "scale_weight_norms": 1,
+        "rank_dropout": 0.1, "module_dropout": 0.05})
+    assert not report.unsupported, report.unsupported
+    net = cfg.network
+    assert (net.loraplus_lr_ratio, net.loraplus_text_encoder_lr_ratio) == (16.0, 4.0)
+    assert net.down_lr_weight == "sine+0.5" and net.block_dims == [4] * 25
+    assert net.block_alphas == [2.0] * 25 and net.network_weights == str(weights)
+    assert net.dim_from_weights and net.scale_weight_norms == 1.0
+    assert (net.rank_dropout, net.module_dropout) == (0.1, 0.05)

@@ -58,7 +58,7 @@ EXTRA_TARGETS = {  # kohya key -> (our key, converter)
     "train_on_input": ("network.train_on_input", c.to_bool),
 }
 NETWORK_KEYS = ("LoRA_type", "network_dim", "network_alpha", "conv_dim", "conv_alpha",
-                "network_dropout", "dora_wd", *EXTRA_TARGETS)
+                "network_dropout", "dora_wd", *EXTRA_TARGETS, "dim_from_weights")
 
 
 def upper_bound(target: str) -> float | None:
@@ -109,10 +109,28 @@ def network(ctx: Ctx) -> None:
             _refuse_if_on(ctx, key, convert, f"network_type {net_type!r} has no {target} here")
         else:
             ctx.apply(key, Rule(target, convert))
+    _dim_from_weights(ctx)
     if "dora_wd" in ctx.data and not dora:
         on = c.to_bool(ctx.raw("dora_wd")) is True
         ctx.refuse("dora_wd", f"DoRA with {name} is not supported (only with LoCon)") if on \
             else ctx.unset("dora_wd")
+
+
+def _dim_from_weights(ctx: Ctx) -> None:
+    """kohya_ss saves the checkbox whatever the file field says; sd-scripts reads it only with
+    network_weights."""
+    if "dim_from_weights" not in ctx.data:
+        return
+    on = c.to_bool(ctx.raw("dim_from_weights")) is True
+    files = [k for k in ("network_weights", "lora_network_weights")
+             if not c.is_empty(ctx.raw(k))]
+    if on and files:
+        ctx.set("dim_from_weights", "network.dim_from_weights", True)
+    elif on:
+        ctx.skip("dim_from_weights", "sd-scripts reads it only with network_weights, which "
+                                     "the file leaves empty")
+    else:
+        ctx.unset("dim_from_weights")
 
 
 def _unused_here(target: str, net_type: str) -> bool:

@@ -16,6 +16,7 @@ from typing import Any
 
 from trainer.importers import kohya_convert as c
 from trainer.importers.kohya_extra_table import EXTRA_DIRECT, SAMPLER_NAMES
+from trainer.importers.kohya_network_extra import NETWORK_DIRECT
 
 TRAINED = ("lora", "dreambooth")
 
@@ -184,6 +185,8 @@ DIRECT: dict[str, Rule] = {
 }
 
 DIRECT.update({key: Rule(target, convert) for key, (target, convert) in EXTRA_DIRECT.items()})
+DIRECT.update({key: Rule(target, convert, ("lora",))  # LoRA+, block-wise, network_weights
+               for key, (target, convert) in NETWORK_DIRECT.items()})
 
 _ATTN = "attention here is always PyTorch's scaled-dot-product attention"
 _LAUNCH = "accelerate launch settings of kohya_ss; one process trains here (training.num_processes)"
@@ -226,23 +229,15 @@ NOT_NEEDED: dict[str, str] = {
 
 _BLOCKS = "block-wise learning rates and ranks are not supported"
 NOT_SUPPORTED: dict[str, str] = {
-    **dict.fromkeys(("block_lr", "down_lr_weight", "mid_lr_weight", "up_lr_weight",
-                     "block_lr_zero_threshold", "block_dims", "block_alphas", "conv_block_dims",
-                     "conv_block_alphas", "conv_dims", "conv_alphas"), _BLOCKS),
-    **dict.fromkeys(("loraplus_lr_ratio", "loraplus_unet_lr_ratio",
-                     "loraplus_text_encoder_lr_ratio"), "LoRA+ learning-rate ratios"),
-    **dict.fromkeys(("network_weights", "lora_network_weights", "dim_from_weights", "weights"),
-                    "continuing from existing network weights (use training.resume with a "
-                    "saved state)"),
+    "block_lr": "sd-scripts' per-block learning rates of SDXL full fine-tuning (sdxl_train.py); "
+                "LoRA's are down/mid/up_lr_weight",
+    **dict.fromkeys(("conv_dims", "conv_alphas"), _BLOCKS),
+    "weights": "continuing from existing weights (network.network_weights for LoRA files)",
     **dict.fromkeys(("save_last_n_steps", "save_last_n_steps_state", "save_last_n_epochs",
                      "save_last_n_epochs_state"), "deleting older intermediate saves"),
     **dict.fromkeys(("fused_backward_pass", "fused_optimizer_groups",
                      "blockwise_fused_optimizers"), "fused optimizer steps"),
-    **dict.fromkeys(("ip_noise_gamma", "ip_noise_gamma_random_strength"),
-                    "input-perturbation noise"),
     "color_aug": "colour augmentation (it also rules out latent caching)",
-    "v_pred_like_loss": "the v-prediction-like loss term",
-    "scale_weight_norms": "max-norm regularization of the network weights",
     "weighted_captions": "(word:1.2) caption weighting",
     "caption_dropout_every_n_epochs": "dropping all captions every N epochs "
                                       "(dataset.caption_dropout_rate is supported)",
