@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, get_args
 
 from trainer.config.sections.outputs import SamplingSection
+from trainer.importers import kohya_convert as c
 
 # sd-scripts' sampler spellings -> ours (library/train_util.py get_my_scheduler)
 SAMPLER_NAMES: dict[str, str] = {
@@ -31,4 +32,7 @@ def optimizer_target(name: Any) -> tuple[str, str]:
 
 # kohya key -> (our dotted key, converter); kohya_table.DIRECT takes them as Rules
 EXTRA_DIRECT: dict[str, tuple[str, Any]] = {
+    "ip_noise_gamma": ("training.ip_noise_gamma", c.nonzero(c.to_float)),
+    "ip_noise_gamma_random_strength": ("training.ip_noise_gamma_random_strength", c.to_bool),
+    "v_pred_like_loss": ("training.v_pred_like_loss", c.nonzero(c.to_float)),
 }

@@ -17,12 +17,14 @@ import torch
 from trainer.objectives.losses import (
     debiased_weights,
     huber_threshold,
+    input_perturbation,
     min_snr_weights,
     offset_noise,
     pyramid_noise,
     sample_timesteps,
     target_for,
     v_pred_like_noise_pred_weights,
+    v_pred_like_weights,
 )
 
 # Where on the noise schedule the validation loss scores each image (fractions of its length).
@@ -55,6 +57,9 @@ class DDPMObjective:
                                 self.tr.max_timestep, latents.device)
 
     def noisy(self, latents: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        if self.tr.ip_noise_gamma:  # the target keeps ``noise`` (Ning et al. 2023)
+            noise = input_perturbation(noise, self.tr.ip_noise_gamma,
+                                       self.tr.ip_noise_gamma_random_strength)
         return self.scheduler.add_noise(latents, noise, t)
 
     def prediction(self, pred: torch.Tensor, noisy: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -68,7 +73,7 @@ class DDPMObjective:
 
         tr = self.tr
         needed = (tr.min_snr_gamma is not None or tr.debiased_estimation_loss
-                  or tr.scale_v_pred_loss_like_noise_pred
+                  or tr.scale_v_pred_loss_like_noise_pred or tr.v_pred_like_loss
                   or (tr.loss_type in ("huber", "smooth_l1") and tr.huber_schedule == "snr"))
         return compute_snr(self.scheduler, t) if needed else None
 
@@ -84,6 +89,8 @@ class DDPMObjective:
                 raise ValueError("training.scale_v_pred_loss_like_noise_pred is for "
                                  "v-prediction models; this model predicts epsilon: turn it off")
             weights = weights * v_pred_like_noise_pred_weights(snr)
+        if tr.v_pred_like_loss:
+            weights = weights * v_pred_like_weights(snr, tr.v_pred_like_loss)
         if tr.debiased_estimation_loss:
             weights = weights * debiased_weights(snr, pred)
         return weights

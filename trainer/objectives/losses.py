@@ -136,6 +136,24 @@ def v_pred_like_noise_pred_weights(snr_t: torch.Tensor) -> torch.Tensor:
     return snr / (snr + 1.0)
 
 
+def input_perturbation(noise: torch.Tensor, gamma: float, random_strength: bool = False
+                       ) -> torch.Tensor:
+    """The noise that goes into the noisy latents with input perturbation, sd-scripts'
+    ``--ip_noise_gamma`` (and ``--ip_noise_gamma_random_strength``: gamma drawn uniformly in
+    [0, gamma) per batch). Ning et al., "Input Perturbation Reduces Exposure Bias in Diffusion
+    Models" (ICML 2023): x_t is made from noise + gamma * xi with a fresh xi, while the target
+    stays the original noise."""
+    strength = torch.rand(1, device=noise.device) * gamma if random_strength else gamma
+    return noise + strength * torch.randn_like(noise)
+
+
+def v_pred_like_weights(snr_t: torch.Tensor, amount: float) -> torch.Tensor:
+    """1 + amount / (SNR / (SNR + 1)), SNR capped at 1000: sd-scripts' ``--v_pred_like_loss``
+    (``add_v_prediction_like_loss``: loss + loss / scale * amount, with the scale of
+    :func:`v_pred_like_noise_pred_weights`), as a per-image weight."""
+    return 1.0 + amount / v_pred_like_noise_pred_weights(snr_t)
+
+
 def huber_threshold(
     schedule: str, huber_c: float, huber_scale: float, timesteps: torch.Tensor,
     num_train_timesteps: int, snr_t: Optional[torch.Tensor] = None,

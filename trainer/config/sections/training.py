@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from trainer.config.sections.base import Section, setting
+from trainer.config.sections.base import setting
+from trainer.config.sections.training_parity import TrainingParity
 
 
-class TrainingSection(Section):
+class TrainingSection(TrainingParity):
     max_train_epochs: Optional[int] = setting(
         None, "Train this many epochs; with neither this nor max_train_steps set, one epoch.",
         ge=1, le=100000,
