@@ -12,7 +12,7 @@ from typing import Any
 
 from trainer.config.plan import plan_steps
 from trainer.importers import kohya_convert as c
-from trainer.importers import kohya_extra, kohya_flow
+from trainer.importers import kohya_extra, kohya_flow, kohya_keep_last
 from trainer.importers.kohya_extra_table import optimizer_target
 from trainer.importers.kohya_network import NETWORK_KEYS, network, optimizer
 from trainer.importers.kohya_report import Ctx
@@ -295,6 +295,7 @@ FLAG_RULES: dict[str, Rule] = {
     "network_alpha": Rule("network.network_alpha", c.to_float, ("lora",)),
     "resolution": Rule("dataset.resolution", lambda v: c.resolution(v)[0]),
     "v_parameterization": Rule("model.prediction_type", lambda v: "v_prediction"),
+    **kohya_keep_last.FLAG_RULES,  # --save_last_n_*: the schema checks their schedule
 }
 
 
@@ -349,6 +350,7 @@ DERIVED: list[tuple[tuple[str, ...], Any]] = [
     (("noise_offset", "adaptive_noise_scale", "noise_offset_random_strength",
       "multires_noise_iterations", "multires_noise_discount"), noise),
     (NETWORK_KEYS, network),
+    (kohya_keep_last.KEYS, kohya_keep_last.keep_last),  # after save_every_n_* / save_state
     (("optimizer", "optimizer_args"), optimizer),
     (kohya_extra.CONTEXT_KEYS, kohya_extra.in_context),
     (("additional_parameters",), additional_parameters),

@@ -233,8 +233,6 @@ NOT_SUPPORTED: dict[str, str] = {
                 "LoRA's are down/mid/up_lr_weight",
     **dict.fromkeys(("conv_dims", "conv_alphas"), _BLOCKS),
     "weights": "continuing from existing weights (network.network_weights for LoRA files)",
-    **dict.fromkeys(("save_last_n_steps", "save_last_n_steps_state", "save_last_n_epochs",
-                     "save_last_n_epochs_state"), "deleting older intermediate saves"),
     **dict.fromkeys(("fused_backward_pass", "fused_optimizer_groups",
                      "blockwise_fused_optimizers"), "fused optimizer steps"),
     "color_aug": "colour augmentation (it also rules out latent caching)",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
+from pydantic import model_validator
+
 from trainer.config.sections.base import Section, setting
 
 
@@ -69,6 +71,28 @@ class SavingSection(Section):
         "and at the end, so that training.resume can continue the run exactly.",
         label="Save the training state",
     )
+    save_last_n_epochs: Optional[int] = setting(
+        None, "Keep only the last N of the saves every N epochs: an older <name>-<epoch> "
+        "file is deleted once the newer one is complete on disk (sd-scripts' "
+        "save_last_n_epochs). Needs save_every_n_epochs.", advanced=True, ge=1,
+        label="Keep the last N epoch saves",
+    )
+    save_last_n_epochs_state: Optional[int] = setting(
+        None, "Keep only the training states of the last N epoch saves (unset: "
+        "save_last_n_epochs). Needs save_state and save_every_n_epochs.", advanced=True, ge=1,
+        label="Keep the last N epoch states",
+    )
+    save_last_n_steps: Optional[int] = setting(
+        None, "Keep only the step saves of the last N steps (a number of steps, not of "
+        "files, as sd-scripts' save_last_n_steps): older <name>-step<N> files are deleted "
+        "once the newer one is complete. Needs save_every_n_steps.", advanced=True, ge=1,
+        label="Keep the step saves of the last N steps",
+    )
+    save_last_n_steps_state: Optional[int] = setting(
+        None, "Keep only the training states of the last N steps' step saves (unset: "
+        "save_last_n_steps). Needs save_state and save_every_n_steps.", advanced=True, ge=1,
+        label="Keep the step states of the last N steps",
+    )
     intermediate_diffusers: bool = setting(
         False, "Intermediate saves also write a diffusers folder (the final save always does).",
         modes=("dreambooth",), advanced=True,
@@ -88,3 +112,19 @@ class SavingSection(Section):
         None, "License in the file's metadata.", advanced=True,
         label="License",
     )
+
+    @model_validator(mode="after")
+    def _keep_last(self):
+        """The keep-last-N settings count the saves of one schedule; without it (or without
+        save_state for the states) they would never delete anything."""
+        needs = {"save_last_n_epochs": ["save_every_n_epochs"],
+                 "save_last_n_epochs_state": ["save_every_n_epochs", "save_state"],
+                 "save_last_n_steps": ["save_every_n_steps"],
+                 "save_last_n_steps_state": ["save_every_n_steps", "save_state"]}
+        for key, required in needs.items():
+            missing = [r for r in required if getattr(self, key) is not None
+                       and getattr(self, r) in (None, False)]
+            if missing:
+                raise ValueError(f"saving.{key} keeps the last saves of saving.{required[0]}; "
+                                 f"set saving.{missing[0]} too, or unset it")
+        return self
