@@ -115,9 +115,11 @@ if [ "$("$UV" --version 2>/dev/null)" != "uv $uv_version" ]; then
       -r locks/bootstrap.txt >/dev/null 2>&1 \
     || { "$VENV/bin/python" -m ensurepip -q >/dev/null 2>&1 \
          && "$VENV/bin/python" -m pip install -q --require-hashes -r locks/bootstrap.txt; } \
-    || fail "installing uv (locks/bootstrap.txt)"
+    || fail "installing uv (locks/bootstrap.txt; it needs pip for $PYTHON, or ensurepip:
+  on Debian and Ubuntu, apt install python3-venv)"
 fi
-eval "$("$VENV/bin/python" scripts/uv_env.py)" || fail "reading pip's configuration for uv"
+uv_env=$("$VENV/bin/python" scripts/uv_env.py) || fail "reading pip's configuration for uv"
+eval "$uv_env"
 UV_PIP=("$UV" pip install --python "$VENV/bin/python")
 
 echo "setup.sh: installing PyTorch $torch_version for $platform"
