@@ -74,3 +74,17 @@ def test_a_first_run_prints_nothing(tmp_path):
                           cwd=PROJECT_ROOT, env=env, timeout=540)
     assert proc.stdout.split() == ["finished"], proc.stdout + proc.stderr[-2000:]
     assert proc.stderr == ""
+
+
+def test_bars_are_off_even_when_the_libraries_came_first():
+    """An application that imports transformers before the trainer (its variable is read at
+    import) gets the same quiet loads."""
+    code = ("import transformers.utils.logging as tl\n"
+            "assert tl.is_progress_bar_enabled()\n"
+            "import trainer\n"
+            "print(tl.is_progress_bar_enabled())\n")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=PROJECT_ROOT, env=env, timeout=300)
+    assert proc.stdout.strip() == "False", proc.stderr[-2000:]

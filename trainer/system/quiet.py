@@ -74,6 +74,10 @@ def quiet_third_party() -> None:
     # read by huggingface_hub when it is imported, and through it by transformers
     if os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1") != "1":
         return  # the user's own setting
-    already = sys.modules.get("transformers.utils.logging")  # imported before the trainer
-    if already is not None:
-        already.disable_progress_bar()
+    # imported before the trainer (the variable is read once, at import)
+    hub = sys.modules.get("huggingface_hub.utils")
+    if hub is not None:
+        hub.disable_progress_bars()
+    transformers_logging = sys.modules.get("transformers.utils.logging")
+    if transformers_logging is not None:
+        transformers_logging.disable_progress_bar()
