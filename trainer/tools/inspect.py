@@ -5,7 +5,8 @@ and ``ss_network_args`` as sd-scripts and LyCORIS write them), the model family 
 ``ss_base_model_version`` / ``modelspec.architecture``, else from the key names and the layer
 widths: a cross-attention input of 768 is SD 1.x, 1024 SD 2.x, 2048 SDXL; FLUX.1's BFL block
 names and SD 3.5's joint / ``transformer.*`` blocks tell the flow families), rank and alpha per
-module, the modules per model part, each module's update norm (:meth:`LoraModule.norm`), and
+module, the modules per model part and per UNet block as sd-scripts counts them
+(:mod:`trainer.tools.block_ranks`), each module's update norm (:meth:`LoraModule.norm`), and
 the training facts of the ``ss_*`` / ``modelspec.*`` metadata in readable form
 (:mod:`trainer.tools.metadata_view`).
 """
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from trainer.tools.block_ranks import BlockRank, format_blocks, unet_blocks
 from trainer.tools.lora_file import LoraFile, LoraModule, read_lora
 from trainer.tools.metadata_view import shown, training_facts, training_tags
 from trainer.tools.options import InspectOptions
@@ -64,6 +66,7 @@ class InspectReport:
     metadata: dict[str, str] = field(default_factory=dict)
     unknown_keys: list[str] = field(default_factory=list)
     embedding: dict[str, tuple[int, int]] = field(default_factory=dict)  # key -> (n, dim)
+    blocks: list[BlockRank] = field(default_factory=list)  # SD families: sd-scripts' blocks
 
     def parts(self) -> dict[str, int]:
         return dict(collections.Counter(m.part for m in self.modules))
@@ -166,6 +169,7 @@ def inspect(opts: InspectOptions) -> InspectReport:
     report.embedding = {k: tuple(v.shape) for k, v in lora.embedding.items()}
     report.modules = [ModuleStat(m.name, m.part, m.kind, m.rank, m.alpha, m.norm(), m.is_conv)
                       for m in lora.modules.values()]
+    report.blocks = unet_blocks(report.modules, family)
     report.facts = training_facts(lora.metadata)
     report.tags = training_tags(lora.metadata)[: opts.top_tags]
     return report
@@ -203,6 +207,7 @@ def format_inspect(report: InspectReport, top_modules: int = 10,
     if report.unknown_keys:
         lines.append(f"- {len(report.unknown_keys)} other keys, e.g. "
                      f"{e(report.unknown_keys[0])}")
+    lines += format_blocks(report.blocks, report.family)  # block-wise ranks
     if report.facts:
         lines += ["", "#### Training"] + [f"- {k}: {e(v)}" for k, v in report.facts]
     if report.tags:
