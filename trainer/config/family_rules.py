@@ -39,6 +39,7 @@ def family_problems(cfg: Any, family: str, precision: Optional[str] = None) -> l
     """What ``cfg`` asks of a ``family`` model that it cannot do; ``precision`` is the resolved
     mixed precision when known (the run), else ``training.mixed_precision``."""
     from trainer.config.network_rules import network_extra_problems  # LoRA+, block-wise, ...
+    from trainer.config.parity_rules import caption_family_problems
 
     name = FAMILY_NAMES[family]
     extra = network_extra_problems(cfg.network, family) if cfg.mode == "lora" else []
@@ -73,6 +74,7 @@ def family_problems(cfg: Any, family: str, precision: Optional[str] = None) -> l
     if cfg.model.clip_skip != 1:
         problems.append(f"model.clip_skip = {cfg.model.clip_skip}: {name} reads its text "
                         f"encoders' own outputs; set it back to 1")
+    problems += caption_family_problems(cfg, name)  # issue 21: weighted / long captions
     if family == "sd3" and cfg.model.ae is not None:
         problems.append("model.ae is the FLUX.1 autoencoder setting; an SD 3.5 single file "
                         "holds its VAE (or set model.vae)")

@@ -13,6 +13,29 @@ from trainer.optim.optimizers import ONE_LR  # noqa: F401 - the importer reads i
 
 def parity_checks(cfg: Any) -> None:
     one_rate_checks(cfg)
+    caption_checks(cfg)
+
+
+SD_CAPTION_KEYS = ("weighted_captions", "max_token_length", "no_token_padding")
+
+
+def caption_checks(cfg: Any) -> None:
+    """no_token_padding pads each batch to its own length, which 75-token windows and weights
+    (trainer/models/long_prompts.py) cannot follow; sd-scripts reads it in train_db.py only,
+    without either."""
+    ds = cfg.dataset
+    if ds.no_token_padding and (ds.max_token_length or ds.weighted_captions):
+        other = "max_token_length" if ds.max_token_length else "weighted_captions"
+        raise ValueError(f"dataset.no_token_padding cannot go with dataset.{other}: the "
+                         f"windows of 75 tokens and the weights need padded ids; keep one")
+
+
+def caption_family_problems(cfg: Any, name: str) -> list[str]:
+    """The SD families' caption settings on FLUX.1 / SD 3.5, whose prompts also go through T5
+    (sd-scripts' FLUX.1 and SD3 trainers do not read them either)."""
+    ds = cfg.dataset
+    return [f"dataset.{key} is for SD 1.x / 2.x / SDXL's CLIP prompts; {name} does not read "
+            f"it; unset it" for key in SD_CAPTION_KEYS if getattr(ds, key)]
 
 
 def trained_rates(cfg: Any) -> dict[str, float]:

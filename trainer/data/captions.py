@@ -43,6 +43,7 @@ class CaptionOptions:
             tag_dropout_rate=ds.caption_tag_dropout_rate,
             prefix=ds.caption_prefix,
             suffix=ds.caption_suffix,
+            dropout_every_n_epochs=getattr(ds, "caption_dropout_every_n_epochs", None),
         )
 
     @property

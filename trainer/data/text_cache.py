@@ -26,6 +26,10 @@ def _reasons(cfg: Any, trains_text_encoder: Optional[bool]) -> list[str]:
         reasons.append("dataset.caption_dropout_rate is above 0")
     if ds.caption_tag_dropout_rate > 0:
         reasons.append("dataset.caption_tag_dropout_rate is above 0")
+    if ds.caption_dropout_every_n_epochs:
+        reasons.append("dataset.caption_dropout_every_n_epochs is set")
+    if ds.no_token_padding:
+        reasons.append("dataset.no_token_padding is on (each batch has its own length)")
     if cfg.mode == "textual_inversion":
         reasons.append("textual_inversion trains token embeddings, so the outputs change")
     elif trains_text_encoder or (trains_text_encoder is None and cfg.network.train_text_encoder):

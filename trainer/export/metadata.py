@@ -218,7 +218,7 @@ def _ss_network(cfg: Any, facts: RunFacts) -> dict[str, Any]:
         "ss_base_model_version": base_model_version_str(version, is_v_prediction(cfg, facts)),
         "ss_v2": version == "sd2",
         "ss_clip_skip": cfg.model.clip_skip,
-        "ss_max_token_length": None,  # 75 tokens, the CLIP window
+        "ss_max_token_length": cfg.dataset.max_token_length,  # None: 75, the CLIP window
     }
 
 
@@ -294,7 +294,7 @@ def _ss_dataset(cfg: Any, facts: RunFacts) -> dict[str, Any]:
         "ss_color_aug": False,
         "ss_random_crop": ds.random_crop,
         "ss_caption_dropout_rate": ds.caption_dropout_rate,
-        "ss_caption_dropout_every_n_epochs": None,
+        "ss_caption_dropout_every_n_epochs": ds.caption_dropout_every_n_epochs,
         "ss_caption_tag_dropout_rate": ds.caption_tag_dropout_rate,
         "ss_face_crop_aug_range": None,
     }

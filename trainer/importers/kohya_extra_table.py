@@ -30,9 +30,20 @@ def optimizer_target(name: Any) -> tuple[str, str]:
     return ("optimizer.optimizer_class" if "." in name else "optimizer.optimizer_type"), name
 
 
+def token_length(value: Any) -> Any:
+    """kohya_ss's max_token_length: 75 (its default) is CLIP's own window, i.e. unset here."""
+    n = c.to_int(value)
+    return c.UNSET if n is c.UNSET or n in (0, 75) else n
+
+
 # kohya key -> (our dotted key, converter); kohya_table.DIRECT takes them as Rules
 EXTRA_DIRECT: dict[str, tuple[str, Any]] = {
     "ip_noise_gamma": ("training.ip_noise_gamma", c.nonzero(c.to_float)),
     "ip_noise_gamma_random_strength": ("training.ip_noise_gamma_random_strength", c.to_bool),
     "v_pred_like_loss": ("training.v_pred_like_loss", c.nonzero(c.to_float)),
+    "weighted_captions": ("dataset.weighted_captions", c.to_bool),
+    "max_token_length": ("dataset.max_token_length", token_length),
+    "caption_dropout_every_n_epochs": ("dataset.caption_dropout_every_n_epochs",
+                                       c.nonzero(c.to_int)),
+    "no_token_padding": ("dataset.no_token_padding", c.to_bool),
 }

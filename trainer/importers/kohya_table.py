@@ -236,11 +236,6 @@ NOT_SUPPORTED: dict[str, str] = {
     **dict.fromkeys(("fused_backward_pass", "fused_optimizer_groups",
                      "blockwise_fused_optimizers"), "fused optimizer steps"),
     "color_aug": "colour augmentation (it also rules out latent caching)",
-    "weighted_captions": "(word:1.2) caption weighting",
-    "caption_dropout_every_n_epochs": "dropping all captions every N epochs "
-                                      "(dataset.caption_dropout_rate is supported)",
-    "max_token_length": "captions longer than 75 tokens (they are cut at 75 here)",
-    "no_token_padding": "unpadded text-encoder input",
     "train_inpainting": "inpainting models",
     "full_fp16": "fp16 weights (training.full_bf16 is supported)",
     "fp8_base": "fp8 base weights (issue 19, not in this version)",
@@ -256,7 +251,6 @@ NOT_SUPPORTED: dict[str, str] = {
 
 # Values of NOT_SUPPORTED keys that mean "off" in kohya_ss beyond empty / 0 / false.
 OFF_VALUES: dict[str, tuple[Any, ...]] = {
-    "max_token_length": (75, "75", 75.0),
     "LyCORIS_preset": ("full",),
 }
 

@@ -27,6 +27,12 @@ def _ids(tokenizer: Any, captions: list[str], device: Any) -> torch.Tensor:
                      truncation=True, return_tensors="pt").input_ids.to(device)
 
 
+def _plain(model: Any) -> bool:
+    """Captions as CLIP takes them: 75 tokens, unweighted, padded to 77."""
+    opts = getattr(model, "prompt_options", None)
+    return opts is None or opts.plain
+
+
 class SD1Family:
     """SD 1.x and 2.x: one CLIP text encoder."""
 
@@ -41,6 +47,12 @@ class SD1Family:
         from trainer.models.loader import text_embeddings
 
         encoder = model.text_encoder
+        if not _plain(model):  # 150 / 225 tokens, weighted or unpadded captions
+            from trainer.models.long_prompts import encode_long
+
+            hidden, _ = encode_long(model.tokenizer, captions, model.prompt_options, lambda ids: (
+                text_embeddings(encoder, ids.to(encoder.device), clip_skip), None))
+            return TextConditioning(hidden)
         ids = _ids(model.tokenizer, captions, encoder.device)
         return TextConditioning(text_embeddings(encoder, ids, clip_skip))
 
@@ -86,11 +98,20 @@ class SDXLFamily(SD1Family):
             tokenizer_2=model.tokenizer_2)
 
     def encode(self, model: Any, captions: list[str], clip_skip: int) -> TextConditioning:
+        from trainer.models.long_prompts import encode_long
+
         hidden, pooled = [], None
         for _, encoder, tokenizer in self.text_encoders(model):
-            out = encoder(_ids(tokenizer, captions, encoder.device), output_hidden_states=True)
-            hidden.append(out.hidden_states[-(clip_skip + 1)])
-            pooled = out[0]  # the last encoder's projected pooled output (text_embeds)
+            def run(ids: torch.Tensor, encoder: Any = encoder) -> tuple[Any, Any]:
+                out = encoder(ids.to(encoder.device), output_hidden_states=True)
+                # the projected pooled output (text_embeds): the last encoder's is used
+                return out.hidden_states[-(clip_skip + 1)], out[0]
+
+            if _plain(model):
+                states, pooled = run(_ids(tokenizer, captions, encoder.device))
+            else:  # 150 / 225 tokens, weighted or unpadded captions (long_prompts.py)
+                states, pooled = encode_long(tokenizer, captions, model.prompt_options, run)
+            hidden.append(states)
         return TextConditioning(torch.cat(hidden, dim=-1), pooled)
 
     def added_conditioning(self, text: TextConditioning, size_ids: Optional[torch.Tensor]

@@ -53,6 +53,7 @@ class BaseModel:
     description: str = ""  # for people: "SD 2.x, v-prediction, 768 (...)"
     variant: str = ""  # FLUX.1 "dev" / "schnell"; SD 3.x "5-large" / "5-medium" / "medium"
     t5_max_length: int = 0  # tokens of T5 per caption (the flow families)
+    prompt_options: Any = None  # SD families: long / weighted / unpadded captions (long_prompts)
 
     @property
     def denoiser(self) -> Any:

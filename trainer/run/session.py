@@ -83,6 +83,7 @@ def prepare(s: Session, out: Reporter) -> None:
     from trainer.data import prepare_dataset
     from trainer.methods import get_method
     from trainer.models.loader import load_base_model
+    from trainer.models.long_prompts import PromptOptions
     from trainer.run.class_images import ensure_class_images
     from trainer.run.failures import check_output_dir
     from trainer.run.state import load_state, resolve_resume
@@ -96,6 +97,7 @@ def prepare(s: Session, out: Reporter) -> None:
         s.data = prepare_dataset(s.cfg, warn=lambda m: out.log(m, "warning"))
         out.check_stop()
         s.model = load_base_model(s.cfg.model, s.dtype)
+    s.model.prompt_options = PromptOptions.from_config(s.cfg.dataset)  # long / weighted captions
     out.check_stop()
     out.log(f"Base model: {s.model.source} ({s.model.description or s.model.version})")
     choose_cpu_precision(s, out)  # auto on a CPU with bf16 units: bf16 where it measures faster
@@ -290,7 +292,8 @@ def _text_identity(s: Session) -> str:
     model = s.model
     encoders = [encoder for _, encoder, _ in family_of(model).text_encoders(model)]
     return encoder_id(encoders, {"family": model.version, "clip_skip": s.cfg.model.clip_skip,
-                                 "t5_max_length": model.t5_max_length})
+                                 "t5_max_length": model.t5_max_length,
+                                 "prompt": str(model.prompt_options)})
 
 
 def _release_text_encoders(s: Session, out: Reporter) -> None:

@@ -6,10 +6,11 @@ from typing import Optional
 
 from pydantic import model_validator
 
-from trainer.config.sections.base import EMBEDDED_DATASET, Section, setting
+from trainer.config.sections.base import EMBEDDED_DATASET, setting
+from trainer.config.sections.dataset_parity import DatasetParity
 
 
-class DatasetSection(Section):
+class DatasetSection(DatasetParity):
     train_data_dir: str = setting(
         EMBEDDED_DATASET,
         "Folder of N_concept subfolders (N = repeats) with images and caption files.",

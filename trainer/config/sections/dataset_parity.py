@@ -1,0 +1,36 @@
+"""[dataset] caption settings of sd-scripts that came with issue 21 (a module of their own so that
+dataset.py stays short): weighted captions, captions of 150 / 225 tokens, dropping every caption
+every N epochs, and unpadded text-encoder input. The encoding is trainer/models/long_prompts.py
+and weighted_prompts.py; the dropout trainer/data/captions.py."""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from trainer.config.sections.base import Section, setting
+
+_SD = ("sd1", "sd2", "sdxl")
+
+
+class DatasetParity(Section):
+    weighted_captions: bool = setting(
+        False, "Read '(word:1.2)', '(word)' (x1.1) and '[word]' (/1.1) in captions as weights "
+        "of those tokens' text-encoder outputs (sd-scripts' --weighted_captions); '\\(' is a "
+        "literal bracket.", advanced=True, families=_SD, label="Weighted captions",
+    )
+    max_token_length: Optional[Literal[150, 225]] = setting(
+        None, "Captions up to this many tokens instead of CLIP's 75: the text encoder reads "
+        "them in windows of 75 with their own start and end tokens, and the outputs are joined "
+        "(sd-scripts' --max_token_length). Unset: 75.", advanced=True, families=_SD,
+        label="Caption length (tokens)",
+    )
+    caption_dropout_every_n_epochs: Optional[int] = setting(
+        None, "Train every N-th epoch with empty captions (sd-scripts' "
+        "caption_dropout_every_n_epochs).", advanced=True, ge=1, le=10000,
+        label="Drop captions every N epochs",
+    )
+    no_token_padding: bool = setting(
+        False, "Pad a batch's token ids only to its longest caption instead of to 77 (sd-scripts' "
+        "--no_token_padding, diffusers' DreamBooth); the text-encoder cache is then off.",
+        advanced=True, families=_SD, label="No token padding",
+    )
