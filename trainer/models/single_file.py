@@ -42,6 +42,7 @@ from trainer.models.families import (
     TextEncoderSlot,
     detect,
 )
+from trainer.models.streamed_load import NotStreamable
 
 
 class Checkpoint:
@@ -100,6 +101,22 @@ class Checkpoint:
         if self._handle is not None:
             return {k: self._handle.get_tensor(k) for k in wanted}
         return {k: self._tensors.pop(k) for k in wanted}
+
+    def load_part(self, prefix: str, build: Any) -> torch.nn.Module:
+        """``build(tensors under prefix)``; from a .safetensors file, tensor by tensor into the
+        meta-built module (trainer/models/streamed_load.py: no second copy of the weights)."""
+        if self._handle is not None:
+            from trainer.models.streamed_load import SafetensorsReader, load_streamed
+
+            keys = [k for k in self.keys if k.startswith(prefix) and not k.startswith(EMA_PREFIX)]
+            try:
+                module = load_streamed(SafetensorsReader(self.path), keys, build)
+            except NotStreamable:
+                return build(self.take(prefix))
+            taken = set(keys)
+            self.keys = [k for k in self.keys if k not in taken]
+            return module
+        return build(self.take(prefix))
 
     def close(self) -> None:
         self._handle = None
@@ -161,6 +178,8 @@ def load_diffusers_part(model_class: Any, tensors: dict[str, torch.Tensor], conf
     try:
         module = model_class.from_single_file(
             tensors, config=str(config_dir), subfolder=component, local_files_only=True)
+    except NotStreamable:
+        raise
     except Exception as exc:  # noqa: BLE001 - shape mismatches, missing configs, ...
         raise ModelLoadError(f"cannot build the {component} from the file with the configs "
                              f"in {config_dir} ({exc})") from None
@@ -177,6 +196,8 @@ def load_text_encoder(slot: TextEncoderSlot, tensors: dict[str, torch.Tensor],
         module = create_diffusers_clip_model_from_ldm(
             model_class, checkpoint=tensors, subfolder=slot.component, config=str(config_dir),
             local_files_only=True)
+    except NotStreamable:
+        raise
     except Exception as exc:  # noqa: BLE001
         raise ModelLoadError(f"cannot build the {slot.component} from the file with the "
                              f"configs in {config_dir} ({exc})") from None
@@ -188,13 +209,14 @@ def load_modules(ckpt: Checkpoint, found: Detected, config_dir: Path, with_vae: 
     """UNet, VAE (when the file has one and it is wanted) and text encoder(s), in turn."""
     from diffusers import AutoencoderKL, UNet2DConditionModel
 
-    parts: dict[str, Any] = {"unet": load_diffusers_part(
-        UNet2DConditionModel, ckpt.take(UNET_PREFIX), config_dir, "unet")}
+    parts: dict[str, Any] = {"unet": ckpt.load_part(UNET_PREFIX, lambda t: load_diffusers_part(
+        UNet2DConditionModel, t, config_dir, "unet"))}
     if found.has_vae and with_vae:
-        parts["vae"] = load_diffusers_part(AutoencoderKL, ckpt.take(VAE_PREFIX), config_dir,
-                                           "vae")
+        parts["vae"] = ckpt.load_part(VAE_PREFIX, lambda t: load_diffusers_part(
+            AutoencoderKL, t, config_dir, "vae"))
     for slot in found.family.encoders:
-        parts[slot.component] = load_text_encoder(slot, ckpt.take(slot.prefix), config_dir)
+        parts[slot.component] = ckpt.load_part(
+            slot.prefix, lambda t, slot=slot: load_text_encoder(slot, t, config_dir))
     return parts
 
 

@@ -1,0 +1,66 @@
+"""Single files without the double copy (issue 20): the UNet, the VAE and the CLIP text encoders
+are filled tensor by tensor from the file, never as a whole dict of the component's tensors,
+and load the same weights; a conversion that computes tensors falls back to the dict."""
+
+import pytest
+import torch
+from test_models_single_file import BUILDERS, MODULES, assert_same_weights, load, write
+from train_helpers import randomize
+
+from trainer.models import single_file, streamed_load
+from trainer.models.tiny import save_tiny_model
+
+
+@pytest.fixture(scope="module")
+def sd1(tmp_path_factory):
+    root = tmp_path_factory.mktemp("streamed")
+    parts = BUILDERS["sd1"]()
+    modules = {k: randomize(parts[k], i) for i, k in enumerate(MODULES) if k in parts}
+    folder = save_tiny_model(root / "sd1", family="sd1")
+    return folder, modules, write(root / "half.safetensors", "sd1", modules, torch.float16)
+
+
+def test_every_part_streams_in_small_groups(sd1, monkeypatch):
+    folder, modules, path = sd1
+    monkeypatch.setattr(single_file.Checkpoint, "take",
+                        lambda self, prefix: pytest.fail(f"{prefix} read as a whole dict"))
+    monkeypatch.setattr(streamed_load, "GROUP_BYTES", 4096)
+    largest = []
+    original = streamed_load.SafetensorsReader.read
+    group_sizes = []
+
+    def read(self, key):
+        tensor = original(self, key)
+        largest.append(tensor.numel() * tensor.element_size())
+        return tensor
+
+    monkeypatch.setattr(streamed_load.SafetensorsReader, "read", read)
+    real_groups = streamed_load._groups
+    monkeypatch.setattr(streamed_load, "_groups", lambda d: (
+        group_sizes.append(len(g)) or g for g in real_groups(d)))
+    model = load(path, folder)
+    assert_same_weights(model, modules, lambda t: t.half().float())
+    assert len(largest) > 400 and len(group_sizes) > 20  # tensor by tensor, in many groups
+    assert max(group_sizes) < len(largest) / 10
+
+
+def test_a_computed_tensor_falls_back_to_the_whole_dict(sd1, monkeypatch):
+    folder, modules, path = sd1
+    real = streamed_load._resolve_check
+    monkeypatch.setattr(streamed_load, "_resolve_check", lambda v, ids: True)
+    model = load(path, folder)
+    assert_same_weights(model, modules, lambda t: t.half().float())
+    monkeypatch.setattr(streamed_load, "_resolve_check", real)
+
+
+def test_a_view_of_a_file_tensor_reads_as_the_same_view(tmp_path):
+    from safetensors.torch import save_file
+
+    weight = torch.arange(24, dtype=torch.float16).reshape(2, 3, 4)
+    save_file({"w": weight}, str(tmp_path / "f.safetensors"))
+    reader = streamed_load.SafetensorsReader(tmp_path / "f.safetensors")
+    meta = reader.meta(["w"])
+    ids = {id(meta["w"]): "w"}
+    for view in (lambda t: t[:, 1], lambda t: t.transpose(0, 2), lambda t: t.reshape(6, 4)):
+        assert torch.equal(streamed_load._resolve(view(meta["w"]), ids, reader), view(weight))
+    assert streamed_load._resolve_check(meta["w"] * 2, ids)
