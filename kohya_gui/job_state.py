@@ -30,6 +30,9 @@ TERMINAL = ("finished", "stopped", "failed")
 SMOOTHING = 0.9  # weight of the past in the smoothed loss (TensorBoard's default is 0.6-0.9)
 CURVE_POINTS = 300  # per series, in the job history
 LOG_LINE_CHARS = 2_000  # one log line; longer ones end in "..."
+KEPT_POINTS = 2_000  # per series while a run goes: past that, every other old point is dropped
+SENT_POINTS = 400  # per series in a snapshot (a page draws progress.MAX_POINTS of them)
+SAMPLES_KEPT = 50  # sample sets and checkpoint paths kept (the page shows the newest 8)
 
 
 def smooth(prev: float, value: float, n: int, beta: float = SMOOTHING) -> tuple[float, float]:
@@ -86,12 +89,14 @@ class JobState:
         elif isinstance(event, Started):
             self._started(event)
         elif isinstance(event, Validation):  # the trainer's own log line says it too
-            self.validation.append((event.step, event.loss))
+            keep(self.validation, (event.step, event.loss))
         elif isinstance(event, Sample):
             self.samples.append({"step": event.step, "paths": list(event.paths),
                                  "prompts": list(event.prompts)})
+            del self.samples[:-SAMPLES_KEPT]
         elif isinstance(event, Checkpoint):  # the trainer's own log line says it was saved
             self.checkpoints.append(event.path)
+            del self.checkpoints[:-SAMPLES_KEPT]
             self.last_state = event.state or self.last_state
         elif isinstance(event, Finished):
             self.finish(event)
@@ -120,8 +125,8 @@ class JobState:
         self.lr, self.it_per_s, self.eta_s = event.lr, event.it_per_s, event.eta_s
         self._n += 1
         self._ema, value = smooth(self._ema, event.loss, self._n)
-        self.loss.append((event.step, event.loss))
-        self.smoothed.append((event.step, value))
+        keep(self.loss, (event.step, event.loss))
+        keep(self.smoothed, (event.step, value))
 
     def finish(self, event: Finished) -> None:
         if self.status in TERMINAL:
@@ -140,8 +145,8 @@ class JobState:
         return {
             "job_id": self.job_id, "label": self.label, "status": self.status,
             "step": self.step, "total": self.total, "epoch": self.epoch, "epochs": self.epochs,
-            "loss": [list(p) for p in self.loss], "smoothed": [list(p) for p in self.smoothed],
-            "validation": [list(p) for p in self.validation],
+            "loss": thin(self.loss, SENT_POINTS), "smoothed": thin(self.smoothed, SENT_POINTS),
+            "validation": thin(self.validation, SENT_POINTS),
             "lr": self.lr, "lr_label": self.lr_label, "it_per_s": self.it_per_s,
             "eta_s": self.eta_s, "log": list(self.log), "output_path": self.output_path,
             "error": self.error,
@@ -159,6 +164,14 @@ IDLE = {"status": "idle", "job_id": None, "label": None, "step": 0, "total": 0, 
         "log": [], "output_path": None, "error": None, "config_path": None, "output_dir": None,
         "samples": [], "checkpoints": [], "started": {}, "stop_requested": False,
         "preparing": None, "elapsed_s": 0.0}
+
+
+def keep(series: list, point: tuple, limit: int = KEPT_POINTS) -> None:
+    """Append ``point``; a series over ``limit`` points loses every other point but the newest
+    (memory stays bounded however long the run; the curve keeps its shape)."""
+    series.append(point)
+    if len(series) > limit:
+        series[:] = series[:-1:2] + [series[-1]]
 
 
 def thin(points: list, limit: int) -> list:

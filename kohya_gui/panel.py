@@ -38,7 +38,8 @@ def _inside(path: str, folder: str | None) -> bool:
 
 
 def _plot_key(snap: dict[str, Any], compare: str | None) -> list[Any]:
-    return [snap.get("job_id"), len(snap["loss"]), len(snap.get("validation", [])),
+    last = snap["loss"][-1][0] if snap["loss"] else 0  # the series are thinned: lengths stall
+    return [snap.get("job_id"), last, len(snap["loss"]), len(snap.get("validation", [])),
             compare or ""]
 
 

@@ -74,7 +74,7 @@ class QueueFull(RuntimeError):
 class Runner:
     """Runs queued jobs one at a time on its own thread; everything else reads snapshots."""
 
-    def __init__(self, run_fn: RunFn | None = None, *, max_queue: int = 8,
+    def __init__(self, run_fn: RunFn | None = None, *, max_queue: int = 32,
                  write_config: bool = True, on_start: Callable[[Job], None] | None = None,
                  device_info: Any = None, log_lines: int = 200,
                  history_path: Path | None = None):

@@ -58,9 +58,10 @@ def state(url: str) -> dict:
     return call(url, "state")
 
 
-def job_toml(out: Path, steps: int, processes: int = 1) -> str:
+def job_toml(out: Path) -> str:
     preset = (PROJECT / "presets" / "lora" / "default.toml").read_text()
-    return preset.replace('output_dir = "output/default-lora"', f"output_dir = {json.dumps(str(out))}")
+    return preset.replace('output_dir = "output/default-lora"',
+                          f"output_dir = {json.dumps(str(out))}")
 
 
 def overrides(steps: int, processes: int = 1) -> list[str]:
@@ -74,7 +75,7 @@ def test_killed_gui_leaves_an_interrupted_run_that_resumes(tmp_path):
     home, out, log = tmp_path / "home", tmp_path / "out", tmp_path / "gui.log"
     proc, url = start_gui(home, log)
     try:
-        answer = call(url, "train_toml", job_toml(out, 400), overrides(400))
+        answer = call(url, "train_toml", job_toml(out), overrides(400))
         assert answer["ok"], answer
         jobs = home / "jobs.json"
 
@@ -134,7 +135,7 @@ def test_killed_gui_takes_its_training_processes_with_it(tmp_path):
     proc, url = start_gui(home, log)
     children: list[psutil.Process] = []
     try:
-        answer = call(url, "train_toml", job_toml(out, 2000, 2), overrides(2000, 2))
+        answer = call(url, "train_toml", job_toml(out), overrides(2000, 2))
         assert answer["ok"], answer
 
         def ranks():

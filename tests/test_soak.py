@@ -1,0 +1,29 @@
+"""The soak (issue 22), shorter: the default preset through the GUI's runner with the page open;
+the server's resident memory stays flat after warm-up (under 5 % growth), and the page's DOM
+does too (the curve is thinned to a fixed number of points, the log is bounded).
+`python bench/soak.py` is the 2,000-step version.
+
+Not yet met: the page's JS heap still grows while Gradio's LinePlot is updated (about 2.5 MB per
+100 steps of the default preset on this machine; flat with the plot's updates switched off);
+the heap bound here is a guard against it getting worse, not the issue's 5 %."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from gui_helpers import PROJECT, chromium_ready, gui_home  # noqa: F401
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+
+
+@pytest.mark.skipif(not chromium_ready(), reason="needs /usr/bin/chromium")
+def test_memory_stays_flat_after_warm_up(gui_home, tmp_path):  # noqa: F811
+    sys.path.insert(0, str(PROJECT / "bench"))
+    from soak import soak
+
+    result = soak(steps=400, warmup=200, every=50, out_dir=tmp_path / "out")
+    rss, heap = result["endpoints"]["rss"], result["endpoints"]["heap"]
+    assert rss["to_step"] == 400 and heap["to_step"] == 400
+    assert rss["growth"] < 0.05, result["rss"]
+    assert heap["growth"] < 0.5, result["heap"]
