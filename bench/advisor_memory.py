@@ -146,7 +146,15 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="the tiny model only")
     parser.add_argument("--model", help="a folder for the SD 1.5-size model (kept)")
+    parser.add_argument("--flow", action="store_true", help="FLUX.1 / SD 3.5-size estimates "
+                        "with each memory option beside sd-scripts' table (meta device, "
+                        "bench/flow_advisor_table.py), then stop")
     args = parse_or_run_child(parser, _train)
+    if args.flow:
+        import flow_advisor_table
+
+        flow_advisor_table.main()
+        return
     os.environ.setdefault("KOHYA_STUDIO_HOME", tempfile.mkdtemp(prefix="bench-home-"))
     os.environ["HF_HUB_OFFLINE"] = "1"
     sys.path.insert(0, str(ROOT))

@@ -290,6 +290,8 @@ def _advise(cfg: Any, info: Any) -> Advice:
         advice.problems.append(f"dataset: {advice.steps.problem} (the estimate assumes "
                                f"{advice.steps.largest_bucket[0]} px squares)")
     try:
+        if _flow_advice(advice, cfg, info):  # FLUX.1 / SD 3.5 (trainer/advisor/flow_advice.py)
+            return advice
         configs = read_configs(cfg.model)
         bucket = advice.steps.largest_bucket
         gc = cfg.training.gradient_checkpointing
@@ -302,3 +304,13 @@ def _advise(cfg: Any, info: Any) -> Advice:
     except ValueError as exc:  # ModelLoadError, nothing to train, a bad combination
         advice.problems.append(str(exc))
     return advice
+
+
+def _flow_advice(advice: Advice, cfg: Any, info: Any) -> bool:
+    from trainer.advisor.flow_advice import flow_advise, flow_transformer_config
+
+    config = flow_transformer_config(cfg.model)
+    if config is None:
+        return False
+    flow_advise(advice, cfg, info, config)
+    return True

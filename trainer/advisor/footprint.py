@@ -144,7 +144,9 @@ class FusedAttention(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func is F.scaled_dot_product_attention:
-            q, k, v = args[:3]
+            kwargs = kwargs or {}  # diffusers' attention dispatch passes them by name
+            q, k, v = args[:3] if len(args) >= 3 else (kwargs["query"], kwargs["key"],
+                                                       kwargs["value"])
             return _FusedAttention.apply(q, k, v, self.flops)
         return func(*args, **(kwargs or {}))
 

@@ -15,10 +15,9 @@ The run calls this module twice around the method's ``prepare`` (trainer/run/ses
 Why diffusers' layerwise casting for fp8 (``apply_layerwise_casting``, the hook behind
 ``ModelMixin.enable_layerwise_casting``) and not torchao: it is in the installed diffusers and
 runs on every backend, the CPU included (torchao is not installed, and its float8 training
-needs fp8 matmul units: Ada/Hopper GPUs); it keeps each model's precision-critical layers
-(diffusers' ``_skip_layerwise_casting_patterns``: norms and the norm-modulation Linears,
-positional embeddings) out, and peft's adapter layers with them. We add the embedders (the
-patch, time, text and context embedders) to the skipped layers. Each layer's weights are cast
+needs fp8 matmul units: Ada/Hopper GPUs); it leaves peft's adapter layers and the model's
+fp32 modules alone, and we keep the embedders out too (:data:`SKIP_PATTERNS`). Each layer's
+weights are cast
 to the compute dtype just before its forward and back after, so at most one layer is held at
 full precision at a time, plus what autograd saves for the backward pass; with gradient
 checkpointing that is one block's worth.
@@ -36,9 +35,13 @@ from typing import Any, Optional
 import torch
 
 FP8 = torch.float8_e4m3fn
-# Layers kept at the compute precision beside diffusers' per-model list (norms, pos_embed):
-# the embedders of the latents, the time and the text (a few MB, precision-critical).
-SKIP_PATTERNS = ("pos_embed", "patch_embed", "norm", "embed", "^proj_in$", "^proj_out$",
+# Layers kept at the compute precision: the embedders of the latents, the time and the text,
+# the first and last projections (a few MB, precision-critical). Norm layers are never cast
+# (layerwise casting only touches Linear, Conv and Embedding). The norm-modulation Linears
+# (AdaLayerNorm's ``norm1.linear``: 3.2 G of FLUX.1's 11.9 G parameters), which diffusers'
+# own list would keep, are stored in fp8 as sd-scripts' --fp8_base stores them: kept in bf16
+# they would cost FLUX.1 6 GB more and miss the 16 GB cards.
+SKIP_PATTERNS = ("pos_embed", "patch_embed", "embed", "^proj_in$", "^proj_out$",
                  "^conv_in$", "^conv_out$")
 T5_SKIP = ("norm", "shared", "embed", "relative_attention_bias")
 QUANTIZED = ("nf4", "int8")
@@ -79,7 +82,7 @@ def check_memory_options(cfg: Any, backend: str, label: str) -> None:
 
 def bitsandbytes_problem(backend: str) -> Optional[str]:
     """Whether the installed bitsandbytes quantizes on ``backend`` (None when it does)."""
-    if backend not in ("cuda", "cpu", "xpu"):
+    if backend not in ("cuda", "rocm", "cpu", "xpu"):
         return ("bitsandbytes has no 4-/8-bit layers for this backend; use "
                 "model.base_precision = 'fp8'")
     try:
@@ -97,7 +100,7 @@ def bitsandbytes_problem(backend: str) -> Optional[str]:
 
 
 def _probe_device(backend: str) -> str:
-    return {"cuda": "cuda", "xpu": "xpu"}.get(backend, "cpu")
+    return {"cuda": "cuda", "rocm": "cuda", "xpu": "xpu"}.get(backend, "cpu")
 
 
 def _skipped(name: str, patterns: tuple[str, ...]) -> bool:
@@ -111,8 +114,8 @@ def store_fp8(module: torch.nn.Module, compute_dtype: torch.dtype,
     adapters stay as they are."""
     from diffusers.hooks import apply_layerwise_casting
 
-    patterns = skip + tuple(getattr(module, "_skip_layerwise_casting_patterns", None) or ()) \
-        + tuple(getattr(module, "_keep_in_fp32_modules", None) or ()) + _peft_patterns()
+    patterns = skip + tuple(getattr(module, "_keep_in_fp32_modules", None) or ()) \
+        + _peft_patterns()
     trained = tuple(re.escape(n) + "$" for n, m in module.named_modules()
                     if any(p.requires_grad for p in m.parameters(recurse=False)))
     apply_layerwise_casting(module, FP8, compute_dtype, patterns + trained)
@@ -123,7 +126,7 @@ def quantize_linears(module: torch.nn.Module, kind: str, compute_dtype: torch.dt
     """Replace the frozen ``nn.Linear`` layers of ``module`` by bitsandbytes' 4-bit (NF4) or
     8-bit ones, quantized on ``device``; returns how many. Done before peft injects: peft wraps
     bitsandbytes layers in its QLoRA layers."""
-    patterns = skip + tuple(getattr(module, "_skip_layerwise_casting_patterns", None) or ())
+    patterns = skip
     targets = [(n, m) for n, m in module.named_modules()
                if type(m) is torch.nn.Linear and not _skipped(n, patterns)]
     for name, linear in targets:

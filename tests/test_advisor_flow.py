@@ -1,0 +1,105 @@
+"""The advisor for FLUX.1 and SD 3.5 (issue 19): the step's memory from small models of the same
+width, extrapolated per block, equals the simulation of the whole model; the weights by option
+match the real parameter counts; the cheapest combination that fits is recommended, and asked
+again it answers at once."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from train_helpers import one_image_dataset
+
+from trainer.advisor import flow_memory as fm
+from trainer.advisor.advice import GIB
+from trainer.advisor.estimate import advise
+from trainer.advisor.flow_advice import FlowOption, cheapest_fit, flow_memory
+from trainer.config.files import from_dict
+from trainer.models import tiny_flow
+from trainer.system.device import DeviceInfo
+
+CARD_16GB = DeviceInfo(backend="cuda", name="NVIDIA GeForce RTX 4080", torch_device="cuda:0",
+                       memory_bytes=16 * GIB, bf16_ok=True, fp16_ok=True,
+                       torch_version="2.13.0")
+
+
+def _cfg(**network):
+    return from_dict({"network": {"network_dim": 4, "network_alpha": 4.0, **network},
+                      "training": {"gradient_checkpointing": True}})
+
+
+def _config(family: str, blocks: tuple[int, int]) -> dict:
+    build = tiny_flow.build_flux_components if family == "flux1" \
+        else tiny_flow.build_sd3_components
+    transformer = build()["transformer"]
+    config = dict(transformer.config, num_layers=blocks[0],
+                  _class_name=type(transformer).__name__)
+    if family == "flux1":
+        config["num_single_layers"] = blocks[1]
+    return config
+
+
+@pytest.mark.parametrize("family,blocks", [("flux1", (3, 4)), ("sd3", (4, 0))])
+@pytest.mark.parametrize("checkpointing", [True, False])
+def test_the_per_block_model_equals_the_whole_simulation(family, blocks, checkpointing):
+    config, cfg = _config(family, blocks), _cfg()
+    cheap = fm.simulate_flow_step(config, cfg, (128, 128), 2, checkpointing)
+    whole = fm.simulate_flow_step(config, cfg, (128, 128), 2, checkpointing, full=True)
+    assert cheap == pytest.approx(whole, rel=0.01)
+
+
+@pytest.mark.parametrize("family,blocks", [("flux1", (3, 4)), ("sd3", (4, 0))])
+def test_weights_by_option_count_the_real_model(family, blocks):
+    config, cfg = _config(family, blocks), _cfg()
+    w = fm.flow_weights(config, cfg)
+    model = fm.meta_transformer(config)
+    assert w.total == sum(p.numel() for p in model.parameters())
+    adapted = fm.meta_transformer(config)
+    fm._with_adapters(adapted, cfg)
+    assert w.lora == sum(p.numel() for n, p in adapted.named_parameters() if "lora_" in n)
+    full, fp8 = fm.weight_bytes(w, "full", None), fm.weight_bytes(w, "fp8", None)
+    assert full == 2 * w.total
+    assert fp8 == full - sum(w.fp8_units) - w.fp8_other
+    assert fm.weight_bytes(w, "nf4", None) < fp8
+    swapped = fm.weight_bytes(w, "fp8", 3)  # three blocks off, two of them in flight
+    assert swapped < fp8
+
+
+def test_flux_dev_on_16_gb_gets_the_cheapest_combination_that_fits():
+    import json
+
+    from trainer.config.paths import PROJECT_ROOT
+
+    config = json.loads((PROJECT_ROOT / "trainer/assets/families/flux1-dev/transformer/"
+                         "config.json").read_text())
+    cfg = from_dict({"network": {"network_dim": 16, "network_alpha": 1.0},
+                     "optimizer": {"optimizer_type": "AdamW8bit"},
+                     "training": {"gradient_checkpointing": True}})
+    option, memory = cheapest_fit(config, cfg, (1024, 1024), 16 * GIB, 1)
+    assert option.base == "fp8" and option.swap and option.batch == 1
+    assert memory.peak <= 16 * GIB * 0.95
+    less = FlowOption("fp8", option.swap - 4 or None, 1)
+    assert flow_memory(config, cfg, (1024, 1024), less, None).peak > 16 * GIB * 0.95
+    start = time.perf_counter()
+    for px in (512, 768, 1024):
+        cheapest_fit(config, cfg, (px, px), 12 * GIB, 1)
+    cheapest_fit(config, cfg, (1024, 1024), 16 * GIB, 1)
+    assert time.perf_counter() - start < 60  # three new resolutions' simulations
+    start = time.perf_counter()
+    cheapest_fit(config, cfg, (1024, 1024), 16 * GIB, 1)
+    assert time.perf_counter() - start < 2  # asked again: arithmetic on cached simulations
+
+
+def test_advise_covers_the_tiny_flux_with_its_memory_lines(tmp_path):
+    data = one_image_dataset(tmp_path / "data")
+    cfg = from_dict({"model": {"pretrained_model_name_or_path": "embedded:tiny-flux",
+                               "base_precision": "fp8"},
+                     "dataset": {"train_data_dir": str(data), "resolution": 64,
+                                 "min_bucket_reso": 64, "max_bucket_reso": 128,
+                                 "bucket_reso_steps": 64},
+                     "training": {"gradient_checkpointing": True, "blocks_to_swap": 1}})
+    advice = advise(cfg, CARD_16GB)
+    assert not advice.problems, advice.problems
+    lines = dict(advice.memory.lines)
+    assert any("fp8, 1 blocks swapped" in k for k in lines)
+    assert advice.memory.fits and advice.timing.seconds_per_step > 0

@@ -1,0 +1,172 @@
+"""The advisor for FLUX.1 and SD 3.5: peak memory with each memory option, the time, and the
+cheapest combination that fits the device ("16 GB: fp8 base, blocks_to_swap 8, batch 1").
+
+The memory comes from :mod:`trainer.advisor.flow_memory` (a simulated step of small models of
+the same width, extrapolated per block, plus the weights by option); every combination of
+base precision, block swap and batch is arithmetic on cached simulations, so the search
+answers in about a second once the simulations for a resolution are done.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from trainer.advisor.advice import FITS_BELOW, GIB, Advice, Memory, Timing
+from trainer.advisor.flow_memory import flow_weights, simulate_flow_step, weight_bytes
+from trainer.advisor.rules import Recommendation, throughput
+
+RUNTIME_GPU = int(0.5 * GIB)  # the CUDA context (trainer/advisor/estimate.py's RUNTIME)
+SWAP_STEP = 4
+HOST_LINK = 25e9  # bytes/s host <-> device (PCIe 4 x16, pinned)
+# optimizer state per trained parameter (fp32 LoRA weights): AdamW's two moments, 8-bit's
+# two bytes, Adafactor's factored moment of a rank-r matrix (small), Lion/SGD one moment
+STATE_BYTES = {"AdamW8bit": 2, "PagedAdamW8bit": 2, "Lion8bit": 1, "Adafactor": 0.1,
+               "Lion": 4, "SGDNesterov": 4, "SGD": 4}
+
+
+@dataclass(frozen=True)
+class FlowOption:
+    base: str = "full"
+    swap: Optional[int] = None
+    batch: int = 1
+    checkpointing: bool = True
+
+    def words(self) -> str:
+        parts = [{"full": "bf16 base", "fp8": "fp8 base", "nf4": "NF4 base",
+                  "int8": "int8 base"}[self.base]]
+        if self.swap:
+            parts.append(f"blocks_to_swap {self.swap}")
+        parts.append(f"batch {self.batch}")
+        if not self.checkpointing:
+            parts.append("no checkpointing")
+        return ", ".join(parts)
+
+    def changes(self) -> dict[str, Any]:
+        return {"model.base_precision": self.base, "training.blocks_to_swap": self.swap,
+                "training.train_batch_size": self.batch,
+                "training.gradient_checkpointing": self.checkpointing}
+
+
+def flow_transformer_config(section: Any) -> Optional[dict]:
+    """The transformer config of a FLUX.1 / SD 3.5 model (None for another family)."""
+    from trainer.models.loader import EMBEDDED_MODELS, resolve_model_path
+
+    value = section.pretrained_model_name_or_path
+    if value in EMBEDDED_MODELS:
+        if EMBEDDED_MODELS[value] not in ("flux1", "sd3"):
+            return None
+        from trainer.advisor.model_configs import cached
+        from trainer.models import tiny_flow
+
+        build = tiny_flow.build_flux_components if EMBEDDED_MODELS[value] == "flux1" \
+            else tiny_flow.build_sd3_components
+        def config() -> dict:
+            transformer = build()["transformer"]
+            return dict(transformer.config, _class_name=type(transformer).__name__)
+        return cached("flow-config:" + value, config)
+    path = Path(resolve_model_path(value))
+    if path.is_dir():
+        config = path / "transformer" / "config.json"
+        return json.loads(config.read_text(encoding="utf-8")) if config.is_file() else None
+    if path.suffix.lower() != ".safetensors" or section.model_version not in ("flux1", "sd3"):
+        return None
+    from trainer.models.flow_families import detect_flow_file
+
+    folder = detect_flow_file(path).config_dir()
+    return json.loads((folder / "transformer" / "config.json").read_text(encoding="utf-8"))
+
+
+def flow_memory(config: dict, cfg: Any, size: tuple[int, int], option: FlowOption,
+                capacity: Optional[int]) -> Memory:
+    """The peak of a LoRA step with ``option``, line by line."""
+    w = flow_weights(config, cfg)
+    state = STATE_BYTES.get(cfg.optimizer.optimizer_type, 8)
+    layer_copy = 0
+    if option.base != "full":  # the bf16 copies autograd keeps of one block's cast weights
+        layer_copy = 2 * max(w.fp8_units)
+    lines = (
+        ("runtime (CUDA context)", RUNTIME_GPU),
+        (f"transformer weights ({option.base}"
+         + (f", {option.swap} blocks swapped" if option.swap else "") + ")",
+         weight_bytes(w, option.base, option.swap)),
+        ("compute-precision copies of one block", layer_copy),
+        ("LoRA weights and gradients (fp32)", 8 * w.lora),
+        (f"optimizer state ({cfg.optimizer.optimizer_type})", int(state * w.lora)),
+        ("activations", simulate_flow_step(config, cfg, size, option.batch,
+                                           option.checkpointing)),
+    )
+    return Memory("training step", lines, capacity, option.checkpointing)
+
+
+def candidates(config: dict, batch: int) -> list[FlowOption]:
+    """Every combination, cheapest (fastest) first: bf16, fp8, fp8 with more and more blocks
+    swapped, NF4, NF4 with swap; at each, the configured batch before smaller ones (a smaller
+    batch costs less than a block more to copy each step)."""
+    from trainer.advisor.flow_memory import _block_counts
+
+    units = sum(_block_counts(config))
+    swaps = [None] + list(range(SWAP_STEP, units - 1, SWAP_STEP))
+    batches = sorted({batch, max(1, batch // 2), 1}, reverse=True)
+    plan = [("full", None)] + [("fp8", s) for s in swaps] + [("nf4", s) for s in swaps]
+    return [FlowOption(base, swap, b) for base, swap in plan for b in batches]
+
+
+def cheapest_fit(config: dict, cfg: Any, size: tuple[int, int], capacity: int,
+                 batch: int) -> Optional[tuple[FlowOption, Memory]]:
+    for option in candidates(config, batch):
+        memory = flow_memory(config, cfg, size, option, capacity)
+        if memory.peak <= capacity * FITS_BELOW:
+            return option, memory
+    return None
+
+
+def flow_timing(config: dict, cfg: Any, info: Any, precision: str, size: tuple[int, int],
+                option: FlowOption) -> Timing:
+    """Forward (2 flop per weight and token), backward to the inputs (2 more), the
+    recomputation with checkpointing (2 more); the swap's copies overlap the compute."""
+    w = flow_weights(config, cfg)
+    family_text = 512 if config["_class_name"].startswith("Flux") else 333
+    tokens = (size[0] // 16) * (size[1] // 16) + family_text
+    passes = 6 if option.checkpointing else 4
+    flop = passes * w.total * tokens * option.batch
+    rate, basis = throughput(info, precision)
+    compute = flop / (rate * 1e12)
+    swapped = sum(w.units[len(w.units) - (option.swap or 0):]) * (1 if option.base == "fp8"
+                                                                   else 2)
+    per_step = max(compute, 2 * swapped / HOST_LINK)
+    return Timing(per_step, None, flop / 1e12, basis)
+
+
+def flow_advise(advice: Advice, cfg: Any, info: Any, config: dict) -> None:
+    """Fill ``advice`` for a FLUX.1 / SD 3.5 config on ``info``."""
+    side = advice.steps.largest_bucket
+    tr, m = cfg.training, cfg.model
+    current = FlowOption(m.base_precision, tr.blocks_to_swap, tr.train_batch_size,
+                         tr.gradient_checkpointing)
+    other = FlowOption(current.base, current.swap, current.batch, not current.checkpointing)
+    capacity = info.memory_bytes if info.backend != "cpu" else None
+    advice.memory = flow_memory(config, cfg, side, current, capacity)
+    advice.other = flow_memory(config, cfg, side, other, capacity)
+    advice.timing = flow_timing(config, cfg, info, advice.precision, side, current)
+    advice.other_timing = flow_timing(config, cfg, info, advice.precision, side, other)
+    if advice.timing and advice.steps.total_steps:
+        advice.timing = Timing(advice.timing.seconds_per_step,
+                               advice.timing.seconds_per_step * advice.steps.total_steps,
+                               advice.timing.tflop_per_step, advice.timing.basis)
+    if capacity is None or advice.memory.fits:
+        return
+    found = cheapest_fit(config, cfg, side, capacity, tr.train_batch_size)
+    if found is None:
+        advice.recommendations.append(Recommendation(
+            "Nothing fits this device", f"even NF4 with the most blocks swapped at batch 1 "
+            f"needs more than {capacity / GIB:.0f} GB at {side[0]}x{side[1]} px; lower "
+            f"dataset.resolution"))
+        return
+    option, memory = found
+    advice.recommendations.insert(0, Recommendation(
+        f"{capacity / GIB:.0f} GB: {option.words()}",
+        f"the cheapest combination that fits: about {memory.peak / GIB:.1f} GiB at "
+        f"{side[0]}x{side[1]} px", option.changes(), saves=advice.memory.peak - memory.peak))

@@ -1,0 +1,246 @@
+"""FLUX.1 and SD 3.5 memory with the memory options (issue 19), and the cheapest that fits.
+
+One training step of the transformer is simulated on the meta device (no weight exists) with
+the run's LoRA injected: the tensors a step keeps alive at its peak, gradient checkpointing on
+or off, for a (transformer config, resolution, batch, rank) once per process. What the memory
+options change is the weights, so it is arithmetic on top of that simulation, and every
+combination answers at once:
+
+- frozen weights: 2 bytes a parameter in bf16; ``fp8`` 1 byte for the Linear weights that
+  :func:`trainer.models.memory.store_fp8` casts (the embedders and the last projection stay bf16);
+  ``nf4`` 0.5 byte plus a 4-byte absmax per 64 weights, ``int8`` 1 byte plus a row scale;
+- ``blocks_to_swap = N``: the last N blocks' frozen weights leave the device but for the two
+  in flight (the running one and the prefetched one);
+- fp8 compute copies: layerwise casting holds one layer's bf16 weight at a time, and autograd
+  keeps a block's worth of them for the backward pass (the block being recomputed);
+- LoRA: fp32 weights and gradients, and the optimizer's state;
+- text encoders and VAE: off the device once their outputs are cached (the flow presets do).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from trainer.advisor.model_configs import cached
+
+T5_TOKENS = {"flux1": 512, "sd3": 256}  # FLUX.1-dev's T5 length; SD 3.5's 77 + 256 below
+CLIP_TOKENS = {"flux1": 0, "sd3": 77}
+NF4_BYTES = 0.5 + 4 / 64  # a 4-bit code and an fp32 absmax per block of 64
+INT8_BYTES = 1.0
+
+
+@dataclass(frozen=True)
+class FlowWeights:
+    """Parameter counts of a transformer, by what the memory options do with them."""
+
+    total: int
+    units: tuple[int, ...]  # frozen parameters of each swap unit, in forward order
+    fp8_units: tuple[int, ...]  # of those, the ones fp8 storage casts
+    fp8_other: int  # cast outside the units (the final projection, say)
+    quant_units: tuple[int, ...]  # Linear weights NF4 / int8 quantize, per unit
+    lora: int  # adapter parameters for the config's rank
+
+
+def transformer_class(config: dict) -> Any:
+    import diffusers
+
+    return getattr(diffusers, config["_class_name"])
+
+
+def meta_transformer(config: dict) -> torch.nn.Module:
+    with torch.device("meta"):
+        return transformer_class(config).from_config(config)
+
+
+def _family(config: dict) -> str:
+    return "flux1" if config["_class_name"].startswith("Flux") else "sd3"
+
+
+def _small(config: dict, blocks: tuple[int, int]) -> dict:
+    """The config with ``blocks`` (double, single) blocks for FLUX.1, (joint, 0) for SD 3.5."""
+    small = dict(config, num_layers=blocks[0])
+    if _family(config) == "flux1":
+        small["num_single_layers"] = blocks[1]
+    else:
+        dual = config.get("dual_attention_layers") or []
+        small["dual_attention_layers"] = list(range(min(len(dual), blocks[0] - 1)))
+    return small
+
+
+def _shapes(config: dict) -> list[tuple[int, int]]:
+    """The small models whose differences give one block of each kind (the last SD 3.5
+    block, context-pre-only, is in every one of them)."""
+    return [(1, 1), (2, 1), (1, 2)] if _family(config) == "flux1" else [(2, 0), (3, 0)]
+
+
+def _block_counts(config: dict) -> tuple[int, int]:
+    return config["num_layers"], config.get("num_single_layers", 0)
+
+
+def _extrapolate(config: dict, values: list[float]) -> tuple[float, float, float]:
+    """(fixed part, per first-kind block, per second-kind block) from the small models."""
+    if _family(config) == "flux1":
+        double, single = values[1] - values[0], values[2] - values[0]
+        return values[0] - double - single, double, single
+    joint = values[1] - values[0]
+    return values[0] - 2 * joint, joint, 0.0
+
+
+def _with_adapters(model: torch.nn.Module, cfg: Any) -> int:
+    """Stand-ins for peft's LoRA on the run's target modules (peft's own injection takes
+    tens of seconds on a 12B-parameter model): same parameters, same saved tensors."""
+    from types import SimpleNamespace
+
+    from trainer.methods.lora import denoiser_lora_config
+
+    family = "flux1" if type(model).__name__.startswith("Flux") else "sd3"
+    targets = denoiser_lora_config(cfg, SimpleNamespace(unet=model, version=family))
+    rank, count = cfg.network.network_dim, 0
+    for name in targets.target_modules:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        base = getattr(parent, child)
+        setattr(parent, child, _Adapted(base, rank))
+        count += rank * (base.in_features + base.out_features)
+    return count
+
+
+class _Adapted(torch.nn.Module):
+    def __init__(self, base: torch.nn.Linear, rank: int):
+        super().__init__()
+        self.base_layer = base
+        self.lora_A = torch.nn.Linear(base.in_features, rank, bias=False, device="meta")
+        self.lora_B = torch.nn.Linear(rank, base.out_features, bias=False, device="meta")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base_layer(x) + self.lora_B(self.lora_A(x))
+
+
+def _count(model: torch.nn.Module) -> tuple[float, float, float, float]:
+    """(all frozen, fp8-cast, quantized Linear weights, adapters) parameters of ``model``."""
+    from trainer.models.memory import SKIP_PATTERNS
+
+    skip = SKIP_PATTERNS
+    frozen = cast = quant = lora = 0
+    for name, module in model.named_modules():
+        for pname, p in module.named_parameters(recurse=False):
+            if "lora_" in name:
+                lora += p.numel()
+                continue
+            frozen += p.numel()
+            if isinstance(module, (torch.nn.Linear, torch.nn.Conv2d)) \
+                    and not any(re.search(s, name) for s in skip):
+                cast += p.numel()
+                quant += p.numel() if type(module) is torch.nn.Linear and pname == "weight" \
+                    else 0
+    return frozen, cast, quant, lora
+
+
+def _small_model(config: dict, blocks: tuple[int, int], cfg: Any) -> torch.nn.Module:
+    model = meta_transformer(_small(config, blocks)).requires_grad_(False)
+    _with_adapters(model, cfg)
+    return model
+
+
+def flow_weights(config: dict, cfg: Any) -> FlowWeights:
+    """Parameter counts by kind, from small models of the same width; cached."""
+    def build() -> FlowWeights:
+        counts = [_count(_small_model(config, b, cfg)) for b in _shapes(config)]
+        parts = [_extrapolate(config, [c[i] for c in counts]) for i in range(4)]
+        doubles, singles = _block_counts(config)
+        kinds = [1] * doubles + [2] * singles
+        fixed = [int(p[0]) for p in parts]
+        units = tuple(tuple(int(parts[i][k]) for k in kinds) for i in range(3))
+        if _family(config) == "sd3":  # the last, context-pre-only block is in the fixed part
+            units = tuple(u[:-1] for u in units)
+            fixed = [f + int(parts[i][1]) if i < 3 else f for i, f in enumerate(fixed)]
+        lora = fixed[3] + doubles * parts[3][1] + singles * parts[3][2]
+        total = fixed[0] + sum(units[0])
+        return FlowWeights(int(total), units[0], units[1], fixed[1], units[2], int(lora))
+    key = json.dumps(["flow-weights", config, cfg.network.model_dump(mode="json")],
+                     sort_keys=True)
+    return cached(key, build)
+
+
+def _inputs(config: dict, size: tuple[int, int], batch: int) -> dict[str, Any]:
+    family, w, h = _family(config), size[0] // 8, size[1] // 8
+    text = T5_TOKENS[family] + CLIP_TOKENS[family]
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    common = dict(encoder_hidden_states=torch.zeros(batch, text, config["joint_attention_dim"],
+                                                    **meta),
+                  pooled_projections=torch.zeros(batch, config["pooled_projection_dim"], **meta),
+                  timestep=torch.zeros(batch, **meta), return_dict=False)
+    if family == "sd3":
+        return dict(hidden_states=torch.zeros(batch, config["in_channels"], h, w, **meta),
+                    **common)
+    tokens = (h // 2) * (w // 2)
+    extra = {"guidance": torch.zeros(batch, **meta)} if config.get("guidance_embeds") else {}
+    return dict(hidden_states=torch.zeros(batch, tokens, config["in_channels"], **meta),
+                img_ids=torch.zeros(tokens, 3, device="meta"),
+                txt_ids=torch.zeros(text, 3, device="meta"), **common, **extra)
+
+
+def _simulate(model: torch.nn.Module, config: dict, size: tuple[int, int], batch: int,
+              checkpointing: bool) -> int:
+    """Peak bytes of one step's own tensors (bf16 compute) of ``model`` on the meta device."""
+    from trainer.advisor.footprint import FusedAttention, LiveBytes, _checkpoint_func
+
+    torch.nn.Module.to(model, torch.bfloat16)
+    for name, p in model.named_parameters():
+        p.requires_grad_("lora_" in name)
+    if checkpointing:
+        model.enable_gradient_checkpointing(_checkpoint_func([0.0]))
+    model.train()
+    inputs = _inputs(config, size, batch)
+    ignore = {t.untyped_storage()._cdata for t in [*model.parameters(), *model.buffers()]}
+    live = LiveBytes(ignore)
+    with FusedAttention([0.0]), live:
+        out = model(**inputs)[0]
+        out.float().pow(2).mean().backward()
+        del out
+    return live.peak
+
+
+def simulate_flow_step(config: dict, cfg: Any, size: tuple[int, int], batch: int,
+                       checkpointing: bool, full: bool = False) -> int:
+    """Peak bytes of a LoRA step's own tensors (activations and their gradients, bf16), from
+    small models of the same width: a step's memory grows by a fixed amount per block of each
+    kind (the blocks' inputs kept for the backward pass, or all their activations without
+    checkpointing). ``full`` simulates the whole model instead (the tests compare). Cached."""
+    def build() -> int:
+        if full:
+            model = meta_transformer(config).requires_grad_(False)
+            _with_adapters(model, cfg)
+            return _simulate(model, config, size, batch, checkpointing)
+        peaks = [_simulate(_small_model(config, b, cfg), config, size, batch, checkpointing)
+                 for b in _shapes(config)]
+        fixed, first, second = _extrapolate(config, peaks)
+        doubles, singles = _block_counts(config)
+        return int(fixed + doubles * first + singles * second)
+    key = json.dumps(["flow-step", config, cfg.network.model_dump(mode="json"), list(size),
+                      batch, checkpointing, full], sort_keys=True)
+    return cached(key, build)
+
+
+def weight_bytes(w: FlowWeights, base: str, swap: Optional[int]) -> int:
+    """Device bytes of the frozen transformer for a base precision and a block swap."""
+    def unit_bytes(i: int) -> float:
+        n, cast, quant = w.units[i], w.fp8_units[i], w.quant_units[i]
+        if base == "fp8":
+            return 2 * n - cast
+        if base == "nf4":
+            return 2 * (n - quant) + NF4_BYTES * quant
+        if base == "int8":
+            return 2 * (n - quant) + INT8_BYTES * quant
+        return 2 * n
+    other = w.total - sum(w.units)
+    total = 2 * other - (w.fp8_other if base == "fp8" else 0)
+    swapped = range(len(w.units) - (swap or 0), len(w.units))
+    resident = [unit_bytes(i) for i in range(len(w.units)) if i not in swapped]
+    in_flight = sorted((unit_bytes(i) for i in swapped), reverse=True)[:2]
+    return int(total + sum(resident) + sum(in_flight))
