@@ -75,6 +75,7 @@ def stop_and_resume(cfg, stop_at: int):
 CASES = {
     "lora": ("lora", {}),
     "lora-no-latent-cache": ("lora", {"dataset": {"cache_latents": False}}),
+    "lora-ema": ("lora", {"training": {"ema_decay": 0.9}}),  # the saved file is the EMA's
     "lora-accumulation-2": ("lora", {"training": {"gradient_accumulation_steps": 2,
                                                   "max_train_steps": 6}}),
     "lora-text-encoder-stops": ("lora", {"network": {"train_text_encoder": True,

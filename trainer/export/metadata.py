@@ -162,7 +162,7 @@ def modelspec_metadata(cfg: Any, facts: RunFacts, *, adapter: Optional[str] = "l
         "modelspec.date": datetime.datetime.fromtimestamp(int(stamp)).isoformat(),
         "modelspec.prediction_type": "v" if v_pred else "epsilon",
     }
-    for key in ("author", "description", "license"):
+    for key in ("author", "description", "license", "tags"):  # tags: sd-scripts' metadata_tags
         value = getattr(save, f"metadata_{key}")
         if value is not None:
             meta[f"modelspec.{key}"] = value
@@ -253,7 +253,7 @@ def _ss_training(cfg: Any, facts: RunFacts) -> dict[str, Any]:
         "ss_zero_terminal_snr": tr.zero_terminal_snr,
         "ss_min_snr_gamma": tr.min_snr_gamma,
         "ss_prior_loss_weight": tr.prior_loss_weight,
-        "ss_training_comment": facts.training_comment,
+        "ss_training_comment": facts.training_comment or cfg.saving.training_comment,
         **_ss_loss(tr),
     }
 

@@ -46,4 +46,6 @@ EXTRA_DIRECT: dict[str, tuple[str, Any]] = {
     "caption_dropout_every_n_epochs": ("dataset.caption_dropout_every_n_epochs",
                                        c.nonzero(c.to_int)),
     "no_token_padding": ("dataset.no_token_padding", c.to_bool),
+    "training_comment": ("saving.training_comment", c.to_text),
+    "metadata_tags": ("saving.metadata_tags", c.to_text),
 }

@@ -239,9 +239,6 @@ NOT_SUPPORTED: dict[str, str] = {
     "train_inpainting": "inpainting models",
     "full_fp16": "fp16 weights (training.full_bf16 is supported)",
     "fp8_base": "fp8 base weights (issue 19, not in this version)",
-    "metadata_tags": "no tags field in the saved metadata",
-    "training_comment": "no comment field in the saved metadata (saving.metadata_description "
-                        "is one)",
     "dataset_repeats": "repeats come from the N_ prefix of the concept folders",
     "LyCORIS_preset": "the LyCORIS target presets; the network type's own targets are used",
     "bypass_mode": "LyCORIS bypass mode",

@@ -168,6 +168,7 @@ class _Job:
                 if not acc.sync_gradients:
                     continue
                 s.scheduler.step()
+                s.ema.update()  # training.ema_decay (a no-op without it)
                 self.step += 1
                 note = s.method.after_step(model, self.step)
                 if note:

@@ -56,7 +56,8 @@ def save_checkpoint(s: Any, out: Any, epoch: int, step: int, suffix: str,
     path = Path(cfg.saving.output_dir) / f"{cfg.saving.output_name}{suffix}.safetensors"
     facts = run_facts(s, epoch, step, started_at)
     try:
-        with averaged_weights(s.optimizer):  # schedule-free: the averaged weights
+        # schedule-free's averaged weights; the EMA's with saving.use_ema_weights
+        with averaged_weights(s.optimizer), s.ema.applied():
             s.method.save(path, s.model, facts, final=not suffix)
         config_io.save(cfg, path.with_suffix(".toml"))
         state = save_state(s, progress) if progress is not None else None
@@ -80,7 +81,7 @@ def save_samples(s: Any, out: Any, step: int) -> None:
     prompts = [p.prompt for p in sample_prompts(s.cfg)]
     if not prompts:
         return
-    with averaged_weights(s.optimizer):
+    with averaged_weights(s.optimizer), s.ema.applied():
         paths = make_samples(s.model, s.cfg, step, s.accelerator)
     out.log(f"Sample images: {', '.join(str(p) for p in paths)}")
     out.emit(Sample(step=step, paths=tuple(str(p) for p in paths), prompts=tuple(prompts)))

@@ -22,6 +22,7 @@ from trainer.config import TrainConfig
 from trainer.config.plan import StepPlan, plan_steps
 from trainer.events import Event
 from trainer.run.cpu_precision import choose_cpu_precision, cpu_bf16_norms
+from trainer.run.ema import NoEma, make_ema
 from trainer.run.state import Progress
 from trainer.run.step import encode_captions, encode_images
 
@@ -58,6 +59,7 @@ class Session:
     progress: Progress = field(default_factory=Progress)  # where the loop starts (resume)
     shard: Optional[tuple[int, int]] = None  # (rank, processes) with more than one process
     threads: Any = None  # trainer.system.threads.CpuThreads on the CPU backend
+    ema: Any = field(default_factory=NoEma)  # training.ema_decay: trainer/run/ema.py
 
     def release(self) -> None:
         """Drop the models and free the device memory (the GUI process lives on)."""
@@ -70,7 +72,7 @@ class Session:
                 log.exception("accelerator release failed")
         self.model = self.accelerator = self.data = self.method = None
         self.optimizer = self.scheduler = None
-        self.trained = []
+        self.trained, self.ema = [], NoEma()
         gc.collect()
         if self.device_info is not None:
             from trainer.system.device import empty_cache
@@ -329,6 +331,7 @@ def _optimizer(s: Session, groups: list[dict[str, Any]]) -> None:
     from trainer.system.distributed import broadcast_params
 
     optimizer = make_optimizer(s.cfg.optimizer, groups, s.device_info.backend)
+    s.ema = make_ema(s.cfg, [p for g in optimizer.param_groups for p in g["params"]])
     s.scheduler = make_scheduler(s.cfg.optimizer, optimizer, s.plan.total_steps)
     s.trained = _trained_modules(s.model)
     if s.accelerator.num_processes > 1:  # no DDP wrapper: see trainer/system/distributed.py

@@ -8,6 +8,7 @@ A state folder ``<output_name>-step<NNNNNNNN>-state/`` holds everything a contin
     scheduler.pt          the learning-rate schedule's state
     rng.pt                Python, NumPy, torch CPU and device generator states
     scaler.pt             fp16's gradient scaler, when there is one
+    ema.pt                the EMA of the trained weights (training.ema_decay), when kept
     progress.json         step, epoch, batches of that epoch done, the gradient-accumulation
                           counter, the loss meter
     config.toml           the resolved config of the run
@@ -106,6 +107,7 @@ def save_state(s: Any, progress: Progress) -> Path:
         scaler = getattr(s.accelerator, "scaler", None)
         if scaler is not None:
             torch.save(scaler.state_dict(), tmp / "scaler.pt")
+        s.ema.save(tmp)  # training.ema_decay: the shadow weights and their step count
         config_io.save(s.cfg, tmp / "config.toml")
         (tmp / PROGRESS).write_text(json.dumps(asdict(progress)), encoding="utf-8")
     return folder
@@ -186,6 +188,7 @@ def load_state(s: Any, folder: Path) -> Progress:
     if scaler is not None and (folder / "scaler.pt").is_file():
         scaler.load_state_dict(torch.load(folder / "scaler.pt", weights_only=True))
     _set_rng_state(s, torch.load(folder / "rng.pt", weights_only=True))
+    s.ema.load(folder)
     progress = read_progress(folder)
     s.accelerator.step = progress.micro_step
     return progress

@@ -1,6 +1,7 @@
 """[training] settings of sd-scripts' noise and loss options that came with issue 21 (kept in a
 module of their own so that training.py stays short): input-perturbation noise and the
-v-prediction-like loss term. The math is in trainer/objectives/losses.py."""
+v-prediction-like loss term (the math is in trainer/objectives/losses.py), and the EMA of the
+trained weights (trainer/run/ema.py)."""
 
 from __future__ import annotations
 
@@ -28,4 +29,16 @@ class TrainingParity(Section):
         "(1 + this x (SNR+1)/SNR) (sd-scripts' --v_pred_like_loss).", advanced=True, gt=0,
         le=10, families=_SD,
         label="v-prediction-like loss",
+    )
+    ema_decay: Optional[float] = setting(
+        None, "Keep an exponential moving average of the trained weights with this decay "
+        "(0.999 is common; OneTrainer and SimpleTuner have it, sd-scripts does not); "
+        "saving.use_ema_weights says whether files and samples use it. Unset: no EMA.",
+        advanced=True, gt=0, lt=1, label="EMA decay",
+    )
+    ema_warmup: bool = setting(
+        True, "Ramp the EMA decay up as 1 - n^(-2/3) at the n-th update, capped at ema_decay, "
+        "so that the initial weights do not dominate the average (diffusers' EMAModel "
+        "use_ema_warmup, as SimpleTuner uses it); off: ema_decay from the first update.",
+        advanced=True, label="EMA warm-up",
     )
