@@ -86,7 +86,7 @@ def bitsandbytes_problem(backend: str) -> Optional[str]:
         return ("bitsandbytes has no 4-/8-bit layers for this backend; use "
                 "model.base_precision = 'fp8'")
     try:
-        import bitsandbytes as bnb
+        bnb = load_bitsandbytes()
         from bitsandbytes.functional import quantize_4bit
     except Exception as exc:  # noqa: BLE001 - a broken install says why here, not at step 1
         return f"bitsandbytes cannot be imported ({exc}); use model.base_precision = 'fp8'"
@@ -97,6 +97,23 @@ def bitsandbytes_problem(backend: str) -> Optional[str]:
         return (f"the installed bitsandbytes cannot quantize here ({exc}); use "
                 f"model.base_precision = 'fp8'")
     return None
+
+
+def load_bitsandbytes() -> Any:
+    """bitsandbytes, imported now (the trainer defers it: trainer/system/lazy_imports.py), and
+    peft told so: it remembers whether bitsandbytes was there when first asked."""
+    from trainer.system.lazy_imports import import_bitsandbytes
+
+    bnb = import_bitsandbytes()
+    try:
+        from peft import import_utils
+    except ImportError:
+        return bnb
+    for name in ("is_bnb_available", "is_bnb_4bit_available"):
+        cache_clear = getattr(getattr(import_utils, name, None), "cache_clear", None)
+        if cache_clear:
+            cache_clear()
+    return bnb
 
 
 def _probe_device(backend: str) -> str:
@@ -138,8 +155,7 @@ def quantize_linears(module: torch.nn.Module, kind: str, compute_dtype: torch.dt
 
 def _bnb_linear(linear: torch.nn.Linear, kind: str, compute_dtype: torch.dtype,
                 device: torch.device) -> torch.nn.Module:
-    import bitsandbytes as bnb
-
+    bnb = load_bitsandbytes()
     bias = linear.bias is not None
     weight = linear.weight.data.to(compute_dtype)
     if kind == "nf4":

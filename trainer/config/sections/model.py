@@ -78,7 +78,8 @@ class ModelSection(Section):
     base_precision: Literal["full", "fp8", "nf4", "int8"] = setting(
         "full", "How the frozen base weights are stored: full (the compute precision), fp8 "
         "(float8_e4m3fn, cast to the compute precision layer by layer: half of bf16's memory), "
-        "nf4 / int8 (bitsandbytes 4-/8-bit, QLoRA; CUDA). Norms, embeddings and the trained "
+        "nf4 / int8 (bitsandbytes 4-/8-bit Linear layers, QLoRA; where the installed "
+        "bitsandbytes quantizes: CUDA, and the CPU from 0.45). Norms, embedders and the trained "
         "adapters stay in full precision; fp8 checkpoints load as shipped. LoRA and textual "
         "inversion only: DreamBooth trains these weights.", advanced=True,
         modes=("lora", "textual_inversion"), label="Base weight precision")
