@@ -207,8 +207,8 @@ def test_lycoris_types_and_their_options():
     _, report = import_kohya({"LoRA_type": "LyCORIS/iA3", "network_dim": 64})
     assert report.not_needed == [("network_dim", "not used by network_type 'ia3' (kohya_ss "
                                                  "passes no value)")]
-    with pytest.raises(ConfigError, match="LoRA_type = 'LyCORIS/GLoRA': not trained"):
-        import_kohya({"LoRA_type": "LyCORIS/GLoRA"})
+    with pytest.raises(ConfigError, match="LoRA_type = 'LyCORIS/Native Fine-Tuning': not "):
+        import_kohya({"LoRA_type": "LyCORIS/Native Fine-Tuning"})
 
 
 def test_dreambooth_file_percent_stop_and_sample_prompts():

@@ -117,17 +117,25 @@ def dataset_config_checks(cfg: Any) -> None:
 NETWORK_OPTIONS = {
     "factor": ("lokr",), "decompose_both": ("lokr",),
     "use_tucker": ("locon", "loha", "lokr", "dora"),
-    "use_scalar": ("locon", "loha", "lokr", "dora"),
+    "use_scalar": ("locon", "loha", "lokr", "dora", "glora"),
     # "lora": sd-scripts' LoRAModule meaning (trainer/methods/lora_regularize.py)
-    "rank_dropout": ("lora", "locon", "loha", "lokr", "dora"),
-    "module_dropout": ("lora", "locon", "loha", "lokr", "ia3", "dora"),
+    "rank_dropout": ("lora", "locon", "loha", "lokr", "dora", "glora", "diag-oft"),
+    "module_dropout": ("lora", "locon", "loha", "lokr", "ia3", "dora", "glora", "boft",
+                       "diag-oft"),
     # IA3 scales the channels of named layers (keys, values, feed-forward): it has no rank
     # (network_dim / network_alpha are ignored), no convolution rank, no dropout on a low-rank
     # path, and no block whose norm layers train_norm would find
-    "train_norm": ("locon", "loha", "lokr", "dora"),
-    "conv_dim": ("lora", "locon", "loha", "lokr", "dora"),
-    "conv_alpha": ("lora", "locon", "loha", "lokr", "dora"),
+    "train_norm": ("locon", "loha", "lokr", "dora", "glora", "boft", "diag-oft"),
+    # OFT's convolution rank is its block size there; its alpha is the constraint (BOFTModule,
+    # DiagOFTModule)
+    "conv_dim": ("lora", "locon", "loha", "lokr", "dora", "glora", "boft", "diag-oft"),
+    "conv_alpha": ("lora", "locon", "loha", "lokr", "dora", "glora"),
     "network_dropout": ("lora", "locon", "loha", "lokr", "dora"),
+    "constraint": ("boft", "diag-oft"), "rescaled": ("boft", "diag-oft"),
+    # network.lycoris_preset picks the modules; ia3 is lycoris' "ia3" preset itself
+    "lycoris_preset": ("locon", "loha", "lokr", "dora", "glora", "boft", "diag-oft"),
+    # LycorisBaseModule's bypass forward; LoConModule's skips DoRA's weight decomposition
+    "bypass_mode": ("locon", "loha", "lokr", "glora", "boft", "diag-oft"),
 }
 
 

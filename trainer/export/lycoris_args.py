@@ -14,7 +14,10 @@ NETWORK_MODULE = "lycoris.kohya"
 ALGOS: dict[str, tuple[str, dict[str, str]]] = {
     "locon": ("locon", {}), "loha": ("loha", {}), "lokr": ("lokr", {}),
     "ia3": ("ia3", {"preset": "ia3"}), "dora": ("lora", {"dora_wd": "True"}),
+    "glora": ("glora", {}), "boft": ("boft", {}), "diag-oft": ("diag-oft", {}),
 }
+# schema name -> the network_args name that lycoris.kohya's create_network reads
+ARG_NAMES = {"network_dropout": "dropout", "lycoris_preset": "preset"}
 
 def _arg(value: Any) -> str:
     """A value as a user types it in sd-scripts' ``network_args`` (``4``, ``0.5``, ``True``)."""
@@ -42,9 +45,10 @@ def lycoris_network_args(cfg: Any) -> dict[str, str]:
     values = {
         "conv_dim": conv_dim, "conv_alpha": conv_alpha, "dropout": net.network_dropout,
         "factor": -1 if net.factor is None else net.factor,  # lycoris' "pick it"
+        "bypass_mode": net.bypass_mode or None,  # off: lycoris' own choice, as when unset
     }
     for name, types in NETWORK_OPTIONS.items():
-        key = "dropout" if name == "network_dropout" else name
+        key = ARG_NAMES.get(name, name)
         value = values.get(key, getattr(net, name, None))
         if net.network_type in types and value is not None:
             args[key] = _arg(value)

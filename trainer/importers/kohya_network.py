@@ -26,6 +26,7 @@ class NetType:
     conv: bool  # kohya_ss passes conv_dim / conv_alpha
     extras: tuple[str, ...]  # the LyCORIS keys kohya_ss passes
     rank: bool = True  # network_dim / network_alpha mean something
+    ignored: tuple[str, ...] = ()  # keys kohya_ss passes that the lycoris module never reads
 
 
 _DROP = ("rank_dropout", "module_dropout")
@@ -42,9 +43,17 @@ LORA_TYPES: dict[str, NetType] = {
     "LyCORIS/LoKr": NetType("lokr", True, _LYCO + ("factor", "decompose_both", "use_cp")),
     "Kohya LoKr": NetType("lokr", True, _DROP + ("use_tucker", "factor")),
     "LyCORIS/iA3": NetType("ia3", False, ("train_on_input",), rank=False),
+    # lycoris/modules/glora.py, boft.py, diag_oft.py: what each reads of kohya_ss' arguments
+    "LyCORIS/GLoRA": NetType("glora", True, _DROP + ("train_norm", "use_tucker"),
+                             ignored=("use_tucker",)),
+    "LyCORIS/BOFT": NetType("boft", True, _DROP + ("train_norm", "use_tucker"),
+                            ignored=("rank_dropout", "use_tucker")),
+    "LyCORIS/Diag-OFT": NetType("diag-oft", True, _DROP + ("train_norm", "use_tucker",
+                                                           "constrain", "rescaled"),
+                                ignored=("use_tucker",)),
 }
-NOT_TRAINED = ("LyCORIS/BOFT", "LyCORIS/Diag-OFT", "LyCORIS/DyLoRA", "LyCORIS/GLoRA",
-               "LyCORIS/Native Fine-Tuning", "Kohya DyLoRA", "LoRA-FA", "Flux1 OFT")
+NOT_TRAINED = ("LyCORIS/DyLoRA", "LyCORIS/Native Fine-Tuning", "Kohya DyLoRA", "LoRA-FA",
+               "Flux1 OFT")
 
 EXTRA_TARGETS = {  # kohya key -> (our key, converter)
     "rank_dropout": ("network.rank_dropout", c.nonzero(c.to_float)),
@@ -56,6 +65,8 @@ EXTRA_TARGETS = {  # kohya key -> (our key, converter)
     "factor": ("network.factor", lambda v: c.UNSET if c.to_int(v) == -1 else c.to_int(v)),
     "decompose_both": ("network.decompose_both", c.to_bool),
     "train_on_input": ("network.train_on_input", c.to_bool),
+    "constrain": ("network.constraint", c.nonzero(c.to_float)),  # lycoris' constraint
+    "rescaled": ("network.rescaled", c.to_bool),
 }
 NETWORK_KEYS = ("LoRA_type", "network_dim", "network_alpha", "conv_dim", "conv_alpha",
                 "network_dropout", "dora_wd", *EXTRA_TARGETS, "dim_from_weights")
@@ -103,6 +114,9 @@ def network(ctx: Ctx) -> None:
             continue
         if key not in kind.extras:
             ctx.skip(key, f"kohya_ss does not pass it for LoRA_type {name!r}")
+            continue
+        if key in kind.ignored:
+            ctx.skip(key, f"lycoris' {net_type} module does not read it")
             continue
         target, convert = EXTRA_TARGETS[key]
         if _unused_here(target, net_type):

@@ -1,4 +1,5 @@
-"""LyCORIS adapters (LoCon, LoHa, LoKr, IA3, DoRA) through the lycoris-lora package.
+"""LyCORIS adapters (LoCon, LoHa, LoKr, IA3, DoRA, GLoRA, BOFT, Diag-OFT) through the
+lycoris-lora package.
 
 The network is the one sd-scripts builds with ``--network_module=lycoris.kohya``:
 ``LycorisNetworkKohya`` finds the modules by their block's class (``Transformer2DModel``,
@@ -72,6 +73,10 @@ def network_kwargs(cfg: TrainConfig) -> dict[str, Any]:
         "use_scalar": net.use_scalar, "train_norm": net.train_norm,
         "factor": -1 if net.factor is None else net.factor,
         "decompose_both": net.decompose_both,
+        # Diag-OFT / BOFT (lycoris.kohya reads an unset constraint as 0: unconstrained)
+        "constraint": net.constraint or 0.0, "rescaled": net.rescaled,
+        # None (not False) leaves lycoris' own choice for quantized layers when it is off
+        "bypass_mode": True if net.bypass_mode else None,
     }
 
 
@@ -82,7 +87,10 @@ def build_network(cfg: TrainConfig, unet: torch.nn.Module,
 
     encoders: Any = text_encoders if len(text_encoders) > 1 else (
         text_encoders[0] if text_encoders else None)
-    preset = IA3_PRESET if cfg.network.network_type == "ia3" else SD_PRESET
+    from trainer.methods.lycoris_presets import sd_preset
+
+    net = cfg.network
+    preset = IA3_PRESET if net.network_type == "ia3" else sd_preset(net.lycoris_preset or "full")
     kwargs = network_kwargs(cfg)
     if next(unet.parameters()).is_meta:
         # trainer/advisor/footprint.py's weightless model: DoRA's scale is the norm of each weight's

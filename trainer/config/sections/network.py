@@ -6,14 +6,18 @@ from typing import Literal, Optional
 
 from trainer.config.sections.base import Section, setting
 from trainer.config.sections.network_extra import NetworkExtras
+from trainer.config.sections.network_lycoris import NetworkLycoris
 
-NetworkType = Literal["lora", "locon", "loha", "lokr", "ia3", "dora"]
+NetworkType = Literal["lora", "locon", "loha", "lokr", "ia3", "dora", "glora", "boft",
+                      "diag-oft"]
 
 
 class NetworkCore(Section):
     network_type: NetworkType = setting(
-        "lora", "Adapter: lora (peft LoRA, + conv_dim for LoCon); locon, loha, lokr, ia3 or "
-        "dora (LoRA with weight decomposition) through the lycoris-lora package "
+        "lora", "Adapter: lora (peft LoRA, + conv_dim for LoCon); locon, loha, lokr, ia3, "
+        "dora (LoRA with weight decomposition), glora (generalized LoRA), boft (butterfly "
+        "OFT) or diag-oft (block-diagonal OFT; network_dim bounds their block size) through the "
+        "lycoris-lora package "
         "(network_module lycoris.kohya); ia3 has no rank and ignores network_dim/alpha.",
         modes=("lora",), label="Network type",
     )
@@ -118,7 +122,7 @@ class NetworkCore(Section):
 
 # sd-scripts' --optimizer_type spellings; trainer/optim/optimizers.py builds each.
 
-class NetworkSection(NetworkExtras, NetworkCore):
+class NetworkSection(NetworkLycoris, NetworkExtras, NetworkCore):
     """[network]: the fields above, then sd-scripts' further LoRA options (network_extra.py)."""
 
 
