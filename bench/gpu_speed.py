@@ -2,6 +2,7 @@
 
     python bench/gpu_speed.py [--family sd15|sdxl] [--batches 1,4,8] [--compile both]
                               [--checkpointing off] [--steps 30] [--peak-tflops auto]
+    python bench/gpu_speed.py --memory-options [--steps 30]   (issue 19's table)
 
 A full-size UNet with random weights (the family's config from trainer/assets/families), LoRA
 rank 32 on sd-scripts' modules through the studio's own LoRA set-up (peft + the lean forward),
@@ -145,7 +146,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--peak-tflops", default="auto")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (CPU check)")
+    parser.add_argument("--memory-options", action="store_true", help="instead: LoRA with each "
+                        "base precision (bf16, fp8, NF4, int8) and block swap on SD 1.5 and "
+                        "FLUX.1-dev sizes (bench/memory_options.py)")
     args = parser.parse_args()
+    if args.memory_options:
+        import subprocess
+
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "memory_options.py")
+        sys.exit(subprocess.call([sys.executable, script, "--models", "sd15,flux-dev",
+                                  "--swap", "16", "--px", "1024", "--steps", str(args.steps)]))
     import torch
 
     import trainer  # noqa: F401 - bitsandbytes deferred

@@ -108,3 +108,32 @@ def test_fp8_storage_keeps_norms_embeddings_and_adapters_and_computes_the_same(t
 def test_dreambooth_refuses_a_low_precision_base(tmp_path):
     with pytest.raises(ValueError, match="model.base_precision"):
         from_dict({"mode": "dreambooth", "model": {"base_precision": "fp8"}})
+
+
+def test_an_fp8_checkpoint_is_stored_as_shipped(tmp_path):
+    """A FLUX.1 single file shipped in fp8, loaded at the compute dtype and stored in fp8 by
+    model.base_precision = "fp8": every cast weight is the file's fp8 tensor, bit for bit
+    (e4m3 -> bf16 -> e4m3 is exact)."""
+    import shutil
+
+    from trainer.export.flow_checkpoint import flow_state_dict, save_flow_checkpoint
+    from trainer.models.flow_single_file import load_flow_components
+    from trainer.models.tiny_flow import save_tiny_flow_model
+
+    folder = save_tiny_flow_model(tmp_path / "flux", family="flux")
+    configs = tmp_path / "configs"
+    shutil.copytree(folder, configs, ignore=shutil.ignore_patterns("*.safetensors",
+                                                                    "tokenizer*"))
+    original = FluxPipeline.from_pretrained(folder, local_files_only=True).components
+    path = save_flow_checkpoint(tmp_path / "flux-fp8.safetensors", original, "flux1-dev",
+                                parts=["transformer", "vae", "clip_l", "t5xxl"], dtype=FP8)
+    shipped = flow_state_dict({"transformer": original["transformer"]}, "flux1-dev")
+    shipped = {k: v.to(FP8) for k, v in shipped.items()}
+    transformer = load_flow_components(path, config_dir=str(configs), tokenizer=str(folder),
+                                       dtype=torch.bfloat16)["transformer"]
+    store_fp8(transformer.requires_grad_(False), torch.bfloat16)
+    stored = {k: v for k, v in flow_state_dict({"transformer": transformer}, "flux1-dev").items()}
+    cast = [k for k, v in stored.items() if v.dtype == FP8]
+    assert len(cast) > len(stored) // 2
+    for key in cast:
+        assert torch.equal(stored[key].view(torch.uint8), shipped[key].view(torch.uint8)), key
