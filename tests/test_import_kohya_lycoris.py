@@ -44,3 +44,40 @@ def test_what_the_module_does_not_read_is_not_needed():
     assert {"constrain", "rescaled", "rank_dropout", "use_tucker"} <= skipped.keys()
     assert "does not read it" in skipped["use_tucker"]
     assert report.unsupported == []
+
+
+def test_lycoris_preset_and_bypass_mode_import():
+    cfg, report = import_kohya({"LoRA_type": "LyCORIS/LoHa", **SAVED,
+                                "LyCORIS_preset": "attn-only", "bypass_mode": True})
+    net = cfg.network
+    assert (net.lycoris_preset, net.bypass_mode, net.conv_dim) == ("attn-only", True, None)
+    skipped = dict(report.not_needed)
+    assert "adapts no 3x3 convolution" in skipped["conv_dim"] and "conv_alpha" in skipped
+    assert report.unsupported == []
+    cfg, report = import_kohya({"LoRA_type": "LyCORIS/LoCon", "LyCORIS_preset": "full"})
+    assert cfg.network.lycoris_preset is None and report.unsupported == []
+
+
+def test_a_preset_without_text_encoder_modules_turns_the_text_encoder_off():
+    """sd-scripts with such a preset creates no text-encoder module, whatever its rate."""
+    cfg, report = import_kohya({"LoRA_type": "LyCORIS/LoKr", "LyCORIS_preset": "unet-only",
+                                "text_encoder_lr": 1e-4, "unet_lr": 1e-4})
+    assert cfg.network.lycoris_preset == "unet-only" and not cfg.network.train_text_encoder
+    assert any("unet-only" in n for n in report.notes) and report.unsupported == []
+
+
+@pytest.mark.parametrize("data, key", [
+    ({"LoRA_type": "LyCORIS/LoCon", "LyCORIS_preset": "/home/me/preset.toml"}, "LyCORIS_preset"),
+    ({"LoRA_type": "LyCORIS/DoRA", "bypass_mode": True}, "bypass_mode"),
+])
+def test_what_has_no_equivalent_is_reported(data, key):
+    _, report = import_kohya(data)
+    assert [k for k, _, _ in report.unsupported] == [key]
+
+
+def test_ia3_with_its_own_preset_and_standard_lora_with_a_preset():
+    cfg, report = import_kohya({"LoRA_type": "LyCORIS/iA3", "LyCORIS_preset": "ia3"})
+    assert cfg.network.network_type == "ia3" and report.unsupported == []
+    _, report = import_kohya({"LoRA_type": "Standard", "LyCORIS_preset": "attn-only",
+                              "bypass_mode": False})
+    assert "LyCORIS_preset" in dict(report.not_needed) and report.unsupported == []

@@ -151,3 +151,6 @@ def network_checks(cfg: Any) -> None:
         raise ValueError(f"network.{name} is set but network.network_type = "
                          f"{net.network_type!r} does not use it (it applies to "
                          f"{', '.join(types)}); unset it or change network_type")
+    from trainer.config.lycoris_rules import lycoris_preset_checks
+
+    lycoris_preset_checks(net)

@@ -16,6 +16,7 @@ from trainer.config import SECTIONS, OptimizerSection
 from trainer.config.rules import NETWORK_OPTIONS
 from trainer.importers import kohya_convert as c
 from trainer.importers.kohya_extra_table import optimizer_target
+from trainer.importers.kohya_lycoris import lycoris_preset, text_encoder_off, unused_conv_keys
 from trainer.importers.kohya_report import Ctx
 from trainer.importers.kohya_table import Rule
 
@@ -30,7 +31,8 @@ class NetType:
 
 
 _DROP = ("rank_dropout", "module_dropout")
-_LYCO = _DROP + ("train_norm", "use_tucker", "use_scalar", "dora_wd")
+_PRESET = ("LyCORIS_preset",)  # kohya_ss passes preset= for every lycoris.kohya type
+_LYCO = _DROP + ("train_norm", "use_tucker", "use_scalar", "dora_wd", "bypass_mode") + _PRESET
 LORA_TYPES: dict[str, NetType] = {
     "Standard": NetType("lora", False, _DROP),
     "Flux1": NetType("lora", False, _DROP),  # networks.lora_flux (kohya_flow.py: the rest)
@@ -42,14 +44,14 @@ LORA_TYPES: dict[str, NetType] = {
     "Kohya LoHa": NetType("loha", True, _DROP + ("use_tucker",)),
     "LyCORIS/LoKr": NetType("lokr", True, _LYCO + ("factor", "decompose_both", "use_cp")),
     "Kohya LoKr": NetType("lokr", True, _DROP + ("use_tucker", "factor")),
-    "LyCORIS/iA3": NetType("ia3", False, ("train_on_input",), rank=False),
+    "LyCORIS/iA3": NetType("ia3", False, ("train_on_input",) + _PRESET, rank=False),
     # lycoris/modules/glora.py, boft.py, diag_oft.py: what each reads of kohya_ss' arguments
-    "LyCORIS/GLoRA": NetType("glora", True, _DROP + ("train_norm", "use_tucker"),
+    "LyCORIS/GLoRA": NetType("glora", True, _DROP + ("train_norm", "use_tucker") + _PRESET,
                              ignored=("use_tucker",)),
-    "LyCORIS/BOFT": NetType("boft", True, _DROP + ("train_norm", "use_tucker"),
+    "LyCORIS/BOFT": NetType("boft", True, _DROP + ("train_norm", "use_tucker") + _PRESET,
                             ignored=("rank_dropout", "use_tucker")),
     "LyCORIS/Diag-OFT": NetType("diag-oft", True, _DROP + ("train_norm", "use_tucker",
-                                                           "constrain", "rescaled"),
+                                                           "constrain", "rescaled") + _PRESET,
                                 ignored=("use_tucker",)),
 }
 NOT_TRAINED = ("LyCORIS/DyLoRA", "LyCORIS/Native Fine-Tuning", "Kohya DyLoRA", "LoRA-FA",
@@ -67,6 +69,8 @@ EXTRA_TARGETS = {  # kohya key -> (our key, converter)
     "train_on_input": ("network.train_on_input", c.to_bool),
     "constrain": ("network.constraint", c.nonzero(c.to_float)),  # lycoris' constraint
     "rescaled": ("network.rescaled", c.to_bool),
+    "LyCORIS_preset": ("network.lycoris_preset", lycoris_preset),
+    "bypass_mode": ("network.bypass_mode", c.to_bool),
 }
 NETWORK_KEYS = ("LoRA_type", "network_dim", "network_alpha", "conv_dim", "conv_alpha",
                 "network_dropout", "dora_wd", *EXTRA_TARGETS, "dim_from_weights")
@@ -108,7 +112,7 @@ def network(ctx: Ctx) -> None:
     if dora:
         ctx.set("dora_wd", "network.network_type", "dora")
         ctx.note("dora_wd", "LoCon with weight decomposition is network_type = 'dora'")
-    _rank(ctx, kind, net_type)
+    _rank(ctx, kind, net_type, unused_conv_keys(ctx) if "LyCORIS_preset" in kind.extras else {})
     for key in EXTRA_TARGETS:
         if key not in ctx.data:
             continue
@@ -118,12 +122,16 @@ def network(ctx: Ctx) -> None:
         if key in kind.ignored:
             ctx.skip(key, f"lycoris' {net_type} module does not read it")
             continue
+        if key == "LyCORIS_preset" and net_type == "ia3" and ctx.raw(key) == "ia3":
+            ctx.unset(key)  # network_type 'ia3' is lycoris' ia3 preset
+            continue
         target, convert = EXTRA_TARGETS[key]
         if _unused_here(target, net_type):
             _refuse_if_on(ctx, key, convert, f"network_type {net_type!r} has no {target} here")
         else:
             ctx.apply(key, Rule(target, convert))
     _dim_from_weights(ctx)
+    text_encoder_off(ctx)
     if "dora_wd" in ctx.data and not dora:
         on = c.to_bool(ctx.raw("dora_wd")) is True
         ctx.refuse("dora_wd", f"DoRA with {name} is not supported (only with LoCon)") if on \
@@ -165,7 +173,7 @@ def _refuse_if_on(ctx: Ctx, key: str, convert: Any, reason: str) -> None:
         ctx.refuse(key, reason)
 
 
-def _rank(ctx: Ctx, kind: NetType, net_type: str) -> None:
+def _rank(ctx: Ctx, kind: NetType, net_type: str, unused: dict[str, str]) -> None:
     pairs = [("network_dim", "network.network_dim", kind.rank),
              ("network_alpha", "network.network_alpha", kind.rank),
              ("conv_dim", "network.conv_dim", kind.conv),
@@ -175,7 +183,9 @@ def _rank(ctx: Ctx, kind: NetType, net_type: str) -> None:
         if key not in ctx.data:
             continue
         value = ctx.num(key)
-        if not used or _unused_here(target, net_type):
+        if key in unused:
+            ctx.skip(key, unused[key])
+        elif not used or _unused_here(target, net_type):
             ctx.skip(key, f"not used by network_type {net_type!r} (kohya_ss passes no value)")
         elif not value:
             ctx.unset(key)

@@ -239,16 +239,12 @@ NOT_SUPPORTED: dict[str, str] = {
     "full_fp16": "fp16 weights (training.full_bf16 is supported)",
     "fp8_base": "fp8 base weights (issue 19, not in this version)",
     "dataset_repeats": "repeats come from the N_ prefix of the concept folders",
-    "LyCORIS_preset": "the LyCORIS target presets; the network type's own targets are used",
-    "bypass_mode": "LyCORIS bypass mode",
     "rank_dropout_scale": "LyCORIS rank-dropout scaling",
     "network_args": "raw network arguments; the LyCORIS options are keys of their own here",
 }
 
 # Values of NOT_SUPPORTED keys that mean "off" in kohya_ss beyond empty / 0 / false.
-OFF_VALUES: dict[str, tuple[Any, ...]] = {
-    "LyCORIS_preset": ("full",),
-}
+OFF_VALUES: dict[str, tuple[Any, ...]] = {}
 
 _FAMILY_KEYS = (
     "ae", "clip_l", "clip_g", "t5xxl", "t5xxl_device", "t5xxl_dtype", "t5xxl_lr",

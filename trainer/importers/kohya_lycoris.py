@@ -1,0 +1,60 @@
+"""kohya_ss' ``LyCORIS_preset`` as ``network.lycoris_preset`` (issue 21).
+
+kohya_ss passes ``preset=<LyCORIS_preset>`` to lycoris.kohya for every LyCORIS type; its
+dropdown offers lycoris' preset names and takes a typed value too, which lycoris then reads as a
+preset file. A name this studio has is taken, "full" (lycoris' default) leaves the default, and
+anything else (a file) is reported as not supported.
+"""
+
+from __future__ import annotations
+
+from typing import Any, get_args
+
+from trainer.config.sections.network_lycoris import LycorisPreset
+from trainer.importers import kohya_convert as c
+from trainer.importers.kohya_table import Refused
+
+PRESET_NAMES = get_args(LycorisPreset)
+
+
+def lycoris_preset(value: Any) -> Any:
+    """kohya_ss' LyCORIS_preset -> network.lycoris_preset."""
+    text = c.to_text(value)
+    if text is c.UNSET or text == "full":
+        return c.UNSET
+    if text in PRESET_NAMES:
+        return text
+    return Refused(f"a LyCORIS preset this studio does not have (a preset file?); the presets "
+                   f"here are {', '.join(PRESET_NAMES)}")
+
+
+def _preset(ctx: Any) -> Any:
+    value = lycoris_preset(ctx.raw("LyCORIS_preset")) if "LyCORIS_preset" in ctx.data else c.UNSET
+    return value if isinstance(value, str) else None
+
+
+def unused_conv_keys(ctx: Any) -> dict[str, str]:
+    """conv_dim / conv_alpha, which kohya_ss saves for every type, when the preset adapts no
+    3x3 convolution (lycoris then ignores them): kohya key -> reason."""
+    from trainer.config.lycoris_rules import PRESETS_WITHOUT_CONV
+
+    preset = _preset(ctx)
+    if preset not in PRESETS_WITHOUT_CONV:
+        return {}
+    reason = f"LyCORIS_preset {preset!r} adapts no 3x3 convolution; lycoris ignores it"
+    return {key: reason for key in ("conv_dim", "conv_alpha")}
+
+
+def text_encoder_off(ctx: Any) -> None:
+    """A preset without text-encoder modules trains nothing there in sd-scripts, whatever the
+    text-encoder rate: the text encoder is then not trained here either, with a note."""
+    from trainer.config.lycoris_rules import PRESETS_WITHOUT_TEXT_ENCODER
+
+    preset, net = _preset(ctx), ctx.out.get("network", {})
+    if preset not in PRESETS_WITHOUT_TEXT_ENCODER:
+        return
+    for name in ("train_text_encoder", "train_text_encoder_2"):
+        if net.get(name):
+            ctx.set("LyCORIS_preset", f"network.{name}", False)
+            ctx.note("LyCORIS_preset", f"{preset!r} adapts no text-encoder module, so "
+                                       f"network.{name} is off (sd-scripts trains none there)")
