@@ -81,3 +81,11 @@ def test_ia3_with_its_own_preset_and_standard_lora_with_a_preset():
     _, report = import_kohya({"LoRA_type": "Standard", "LyCORIS_preset": "attn-only",
                               "bypass_mode": False})
     assert "LyCORIS_preset" in dict(report.not_needed) and report.unsupported == []
+
+
+@pytest.mark.parametrize("lora_type", ["LyCORIS/DyLoRA", "Kohya DyLoRA"])
+def test_dylora_is_refused_with_the_reason(lora_type):
+    from trainer.config.files import ConfigError
+
+    with pytest.raises(ConfigError, match="DyLoRA .*not implemented yet"):
+        import_kohya({"LoRA_type": lora_type, "unit": 4})

@@ -56,6 +56,10 @@ LORA_TYPES: dict[str, NetType] = {
 }
 NOT_TRAINED = ("LyCORIS/DyLoRA", "LyCORIS/Native Fine-Tuning", "Kohya DyLoRA", "LoRA-FA",
                "Flux1 OFT")
+_DYLORA = ("DyLoRA (Valipour et al. 2022) is not implemented yet: sd-scripts' networks.dylora "
+           "(plain LoRA files at the largest rank) is the way to follow; lycoris' DyLoraModule "
+           "fails on convolutions and its files do not load back in its own loader")
+WHY_NOT = {"LyCORIS/DyLoRA": _DYLORA, "Kohya DyLoRA": _DYLORA}
 
 EXTRA_TARGETS = {  # kohya key -> (our key, converter)
     "rank_dropout": ("network.rank_dropout", c.nonzero(c.to_float)),
@@ -95,8 +99,9 @@ def network(ctx: Ctx) -> None:
     name = ctx.raw("LoRA_type") or "Standard"
     if name in NOT_TRAINED or name not in LORA_TYPES:
         known = ", ".join(LORA_TYPES)
-        ctx.problems.append(f"LoRA_type = {name!r}: not trained by this studio; choose one of "
-                            f"{known}")
+        why = f" ({WHY_NOT[name]})" if name in WHY_NOT else ""
+        ctx.problems.append(f"LoRA_type = {name!r}: not trained by this studio{why}; choose one "
+                            f"of {known}")
         return
     kind = LORA_TYPES[name]
     dora = kind.network_type == "locon" and c.to_bool(ctx.raw("dora_wd")) is True
