@@ -17,14 +17,12 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
-from kohya_gui import progress
+from kohya_gui import curve_svg, progress
 from kohya_gui.runner import Runner
 from kohya_gui.tabs import mode_tab
 
 POLL_SECONDS = 1.0
 QUEUE_HEADERS = ["job", "status", "what"]
-COLORS = {"raw": "#9ecae1", "smoothed": "#08519c", "validation": "#e6550d",
-          "compared": "#969696", "compared validation": "#fdae6b"}
 NO_COMPARE = ("no other run", "")
 
 
@@ -40,23 +38,16 @@ def _inside(path: str, folder: str | None) -> bool:
 def _plot_key(snap: dict[str, Any], compare: str | None) -> list[Any]:
     last = snap["loss"][-1][0] if snap["loss"] else 0  # the series are thinned: lengths stall
     return [snap.get("job_id"), last, len(snap["loss"]), len(snap.get("validation", [])),
-            compare or ""]
+            snap.get("total") or 0, compare or ""]
 
 
 def _plot_update(snap: dict[str, Any], seen: dict[str, Any], new_seen: dict[str, Any],
-                 compare: str | None) -> Any:
-    """The curve's update, or None. The x axis limit and the points never travel together:
-    measured, the page's chart then draws empty lines (it rebuilds for the new limit with the
-    old points); so a new limit goes alone and the points follow on the next tick."""
-    other = progress.compared_run(snap, compare)
-    x_lim = progress.x_limit(snap, other)
-    new_seen["x_lim"] = x_lim
-    key = _plot_key(snap, compare)
-    if x_lim != seen.get("x_lim"):
-        new_seen["plot"] = None
-        return gr.LinePlot(x_lim=x_lim)
-    new_seen["plot"] = key
-    return gr.LinePlot(progress.loss_frame(snap, other)) if key != seen.get("plot") else None
+                 compare: str | None) -> str | None:
+    """The curve's SVG when it changed since this page's last tick, else None."""
+    key = new_seen["plot"] = _plot_key(snap, compare)
+    if key == seen.get("plot"):
+        return None
+    return curve_svg.loss_svg(snap, progress.compared_run(snap, compare))
 
 
 def render(snap: dict[str, Any], seen: dict[str, Any], parts: dict[str, Any],
@@ -130,10 +121,10 @@ def build_panel(runner: Runner, tabs: dict[str, Any] | None = None,
 def _run_view(runner: Runner, parts: dict[str, Any]) -> None:
     parts["progress"] = gr.HTML(progress.progress_html(runner.snapshot()), elem_id="progress")
     parts["error"] = gr.Markdown(visible=False, elem_id="train-error")
-    parts["plot"] = gr.LinePlot(
-        progress.loss_frame({"loss": [], "smoothed": []}), x="step", y="loss",
-        color="series", color_map=COLORS, x_lim=[0, 1], title="Loss", height=240,
-        elem_id="loss-plot")
+    # an SVG built on the server (kohya_gui/curve_svg.py): Gradio's LinePlot grew the page's
+    # memory with every update in a long run
+    parts["plot"] = gr.HTML(curve_svg.loss_svg({"loss": [], "smoothed": []}),
+                            elem_id="loss-plot", padding=False)
     parts["compare"] = gr.Dropdown(choices=[NO_COMPARE], value="", label="Compare with",
                                    allow_custom_value=True, elem_id="compare",
                                    info="draw a finished run's curves beside this one")
@@ -180,10 +171,8 @@ def _wire(runner: Runner, parts: dict[str, Any]) -> None:
     inputs = [parts["seen"], parts["compare"]]
     parts["timer"].tick(tick, inputs, outputs, **poll)
     parts["compare"].input(tick, inputs, outputs, **poll)
-    # On page load: draw at once (the axis first, the points right after) instead of waiting
-    # for two ticks of the timer.
-    parts["load"] = lambda demo: demo.load(tick, inputs, outputs, **poll).then(
-        tick, inputs, outputs, **poll)
+    # On page load: draw at once instead of waiting for the timer's first tick.
+    parts["load"] = lambda demo: demo.load(tick, inputs, outputs, **poll)
     parts["stop"].click(runner.stop, None, parts["stop_msg"], api_name="stop",
                         concurrency_limit=None)
     parts["resume"].click(runner.resume, parts["resume_choice"], parts["queue_msg"],

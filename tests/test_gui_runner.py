@@ -247,14 +247,13 @@ def test_the_page_gets_only_what_changed(tmp_path):
     assert set(first) == set(parts)
     gallery = first["gallery"].value  # only files inside the run's output folder are shown
     assert len(gallery) == 1 and str(inside) in str(gallery) and "passwd" not in str(gallery)
-    # the axis limit goes first and alone, the points on the next tick
-    assert first["plot"].x_lim == [0, 2] and first["plot"].value is None
-    second = render(snap, first["seen"], parts)
-    assert len(second["plot"].value["data"]) == 4 + len(progress.SERIES)
-    assert second["plot"].x_lim is None
-    assert render(snap, second["seen"], parts) == {"seen": second["seen"]}
+    # the curve: an SVG with the raw and the smoothed loss, sent again only when it changed
+    assert first["plot"].startswith("<svg") and first["plot"].count('class="mark-line"') == 2
+    second = render({**snap, "version": 8}, first["seen"], parts)
+    assert "plot" not in second and "log" in second
+    assert render({**snap, "version": 8}, second["seen"], parts) == {"seen": second["seen"]}
     assert first["error"].visible is False
-    failed = {**snap, "status": "failed", "error": "no images in the folder", "version": 8}
+    failed = {**snap, "status": "failed", "error": "no images in the folder", "version": 9}
     shown = render(failed, second["seen"], parts)
     assert shown["error"].visible is True and "no images in the folder" in shown["error"].value
     assert 'data-status="failed"' in shown["progress"]
