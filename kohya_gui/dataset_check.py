@@ -59,14 +59,16 @@ def samples_line(data: Any, batch_size: int, generated: int = 0) -> str:
 
 def generation_line(cfg: TrainConfig, todo: ClassImages | None, have: int) -> str:
     """What prior preservation's class-image generation will do before training."""
-    size = cfg.dataset.resolution
+    from trainer.config.sections.resolution import base_size
+
+    width, height = base_size(cfg.dataset.resolution)
     wanted = cfg.dataset.num_class_images
     if todo is None:
         return (f"The class folder holds {have} image(s) (dataset.num_class_images = {wanted}): "
                 f"none to generate.")
     return (f"**{len(todo.indices)} class image(s) will be generated before training** into "
             f"{md(todo.folder)} ({have} there now, dataset.num_class_images = {wanted}), "
-            f"{size}x{size} each, prompt '{md(todo.prompt)}'; the numbers below count them.")
+            f"{width}x{height} each, prompt '{md(todo.prompt)}'; the numbers below count them.")
 
 
 def summary_markdown(cfg: TrainConfig, data: Any, warnings: list[str],
@@ -119,7 +121,9 @@ def with_class_images(cfg: TrainConfig, data: Any, todo: ClassImages) -> Any:
 
     repeats, concept = parse_concept_folder(todo.folder.name) or (1, todo.prompt)
     folder = ConceptFolder(todo.folder, repeats, concept)
-    size = (cfg.dataset.resolution, cfg.dataset.resolution)
+    from trainer.config.sections.resolution import base_size
+
+    size = base_size(cfg.dataset.resolution)
     new = [ImageEntry(todo.folder / f"class_{i:05d}.png", todo.prompt, folder, True, size, "")
            for i in todo.indices]
     train = [e for e in data.entries if not e.is_reg]

@@ -137,6 +137,8 @@ def to_widget(spec: FieldSpec, value: Any) -> Any:
         return "\n".join(value)
     if spec.kind == "dict":
         return tomli_w.dumps(value).strip()
+    if spec.widget == "size":  # 512 or [512, 768] as kohya_ss's max_resolution, "512,768"
+        return ",".join(map(str, value)) if isinstance(value, list) else str(value)
     if spec.kind == "toml":
         return tomli_w.dumps({"v": value})[4:].strip()
     return value

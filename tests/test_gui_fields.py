@@ -72,6 +72,8 @@ def other_value(spec: FieldSpec) -> Any:
         return {"d_coef": 2.0, "use_bias": True, "betas_name": "x"}
     if spec.name == "caption_extension":
         return ".caption"
+    if spec.path == "dataset.resolution":  # an int or [width, height], shown as TOML text
+        return [512, 768]
     return f"value-{spec.name}"
 
 
@@ -169,8 +171,10 @@ def test_empty_optional_means_unset_and_zero_is_a_value():
     assert from_widget(specs["model.vae"], "  ") is None
     assert from_widget(specs["model.prediction_type"], "") is None
     assert from_widget(specs["optimizer.max_grad_norm"], 0) == 0
-    assert from_widget(specs["dataset.resolution"], 512.0) == 512
-    assert isinstance(from_widget(specs["dataset.resolution"], 512.0), int)
+    assert from_widget(specs["dataset.resolution"], "512") == 512  # a text field: one side
+    assert from_widget(specs["dataset.resolution"], "[512, 768]") == [512, 768]  # or [w, h]
+    assert to_widget(specs["dataset.resolution"], [512, 768]) == "512,768"  # as kohya_ss
+    assert from_widget(specs["dataset.resolution"], "512,768") == "512,768"  # the schema's
     assert from_widget(specs["optimizer.optimizer_args"], "{d_coef = 2.0}") == {"d_coef": 2.0}
     assert from_widget(specs["optimizer.optimizer_args"], '{"d_coef": 2}') == {"d_coef": 2}
     assert from_widget(specs["sampling.sample_prompts"], "a\n\n b \n") == ["a", "b"]

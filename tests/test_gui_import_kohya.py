@@ -56,9 +56,10 @@ def test_a_kohya_lora_file_fills_the_form_and_shows_the_report(built, tmp_path):
     net = cfg.network
     assert (net.network_type, net.network_dim, net.conv_dim, net.train_text_encoder) == \
         ("loha", 16, 4, False)
-    assert values["dataset.resolution"] == 576 and values["optimizer.lr_warmup_steps"] == 10
+    assert values["dataset.resolution"] == "512,648"  # the base W x H, 650 down to 8's
+    assert values["optimizer.lr_warmup_steps"] == 10
     assert "Imported loha.json as a lora config" in msg
-    assert "512x650 is not square" in msg and "color_aug = True" in msg and "wibble" in msg
+    assert "512x650 trains at 512x648" in msg and "color_aug = True" in msg and "wibble" in msg
 
 
 def test_a_dreambooth_file_loads_in_the_dreambooth_tab_only(built, tmp_path):

@@ -145,8 +145,8 @@ def test_epochs_steps_and_percent_warmup(tmp_path):
 
 def test_max_resolution_square_and_not():
     cfg, report = import_kohya({"LoRA_type": "Standard", "max_resolution": "512,650"})
-    assert cfg.dataset.resolution == 576  # sqrt(512 * 650) = 576.9, down to a multiple of 8
-    assert any("512x650 is not square" in n for n in report.notes)
+    assert cfg.dataset.resolution == [512, 648]  # the base W x H, 650 down to a multiple of 8
+    assert any("512x650 trains at 512x648" in n for n in report.notes)
     cfg, report = import_kohya({"LoRA_type": "Standard", "max_resolution": "768,768"})
     assert cfg.dataset.resolution == 768 and not report.notes
 
@@ -248,12 +248,12 @@ def test_cli_prints_the_report_and_writes_the_toml_atomically(tmp_path, capsys):
     out = tmp_path / "sub" / "k.toml"
     assert main(["import-kohya", str(source), "-o", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "max_resolution: 512x650 is not square" in printed and f"wrote {out}" in printed
+    assert "max_resolution: 512x650 trains at 512x648" in printed and f"wrote {out}" in printed
     assert config_io.load(out) == import_kohya_file(source)[0]
     assert [p.name for p in out.parent.iterdir()] == ["k.toml"]  # no temporary file left
     assert main(["import-kohya", str(source)]) == 0
     captured = capsys.readouterr()
-    assert config_io.load_toml_text(captured.out)["dataset"]["resolution"] == 576
+    assert config_io.load_toml_text(captured.out)["dataset"]["resolution"] == [512, 648]
     assert "Imported" in captured.err
 
 

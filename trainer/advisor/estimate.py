@@ -113,9 +113,10 @@ def _prepared(cfg: Any) -> Any:
 
 def step_arithmetic(cfg: Any) -> Steps:
     from trainer.config.plan import plan_steps
+    from trainer.config.sections.resolution import base_size
     from trainer.data import DatasetError
 
-    tr, res = cfg.training, cfg.dataset.resolution
+    tr, base = cfg.training, base_size(cfg.dataset.resolution)
     try:
         data = _prepared(cfg)
         plan = plan_steps(data.steps_per_epoch(tr.train_batch_size),
@@ -123,9 +124,9 @@ def step_arithmetic(cfg: Any) -> Steps:
                           tr.max_train_epochs)
     except (DatasetError, ValueError) as exc:
         problems = getattr(exc, "problems", None) or [str(exc)]
-        return Steps(largest_bucket=(res, res), problem="; ".join(problems))
+        return Steps(largest_bucket=base, problem="; ".join(problems))
     sizes = [tuple(int(x) for x in name.split("x")) for name in data.bucket_table()]
-    largest = max(sizes, key=lambda s: s[0] * s[1], default=(res, res))
+    largest = max(sizes, key=lambda s: s[0] * s[1], default=base)
     return Steps(data.num_images, len(data.held_out), data.num_repeated,
                  plan.batches_per_epoch, plan.steps_per_epoch, plan.epochs, plan.total_steps,
                  largest)
@@ -245,7 +246,9 @@ def timing(cfg: Any, info: Any, configs: Any, steps: Steps,
 
 def _bucket_for(cfg: Any, base: Any, bucket: tuple[int, int]) -> tuple[int, int]:
     """The largest bucket after a resolution change (scaled, on multiples of 8)."""
-    ratio = cfg.dataset.resolution / base.dataset.resolution
+    from trainer.config.sections.resolution import area_side
+
+    ratio = area_side(cfg.dataset.resolution) / area_side(base.dataset.resolution)
     return tuple(max(8, int(side * ratio) // 8 * 8) for side in bucket)  # type: ignore
 
 

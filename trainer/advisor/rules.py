@@ -166,9 +166,11 @@ def _halve_batch(cfg: Any, info: Any, precision: str) -> Optional[dict[str, Any]
 
 
 def _lower_resolution(cfg: Any, info: Any, precision: str) -> Optional[dict[str, Any]]:
-    res = cfg.dataset.resolution
-    lower = max(256, (res * 3 // 4) // 64 * 64)
-    return {"dataset.resolution": lower} if lower < res else None
+    from trainer.config.sections.resolution import area_side, scaled
+
+    res = cfg.dataset.resolution  # [w, h]: both sides, the aspect ratio kept
+    lower = scaled(res, 3 / 4)
+    return {"dataset.resolution": lower} if area_side(lower) < area_side(res) else None
 
 
 MEMORY_CHANGES: tuple[Change, ...] = (

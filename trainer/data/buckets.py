@@ -33,9 +33,12 @@ class BucketSpec:
 
     @classmethod
     def from_config(cls, ds: Any) -> BucketSpec:
-        """From a ``DatasetSection`` (or anything with the same fields)."""
+        """From a ``DatasetSection`` (or anything with the same fields); a ``[w, h]``
+        resolution is the non-square base ``w x h``."""
+        res = ds.resolution
+        width, height = (res, res) if isinstance(res, int) else (res[0], res[-1])
         return cls(
-            resolution=ds.resolution,
+            resolution=width, height=height if height != width else None,
             enabled=ds.enable_bucket,
             min_side=ds.min_bucket_reso,
             max_side=ds.max_bucket_reso,

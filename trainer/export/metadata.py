@@ -131,8 +131,10 @@ def is_v_prediction(cfg: Any, facts: RunFacts) -> bool:
 
 
 def resolution_of(cfg: Any, facts: RunFacts) -> tuple[int, int]:
-    reso = cfg.dataset.resolution
-    return facts.resolution or (reso, reso)
+    """(width, height): sd-scripts writes ss_resolution as the tuple's text, "(512, 768)"."""
+    from trainer.config.sections.resolution import base_size
+
+    return facts.resolution or base_size(cfg.dataset.resolution)
 
 
 def _studio_version() -> str:

@@ -99,25 +99,27 @@ def prompt_lines(value: Any) -> Any:
     return [ln for ln in lines if ln and not ln.startswith("#")] or UNSET
 
 
-def resolution(value: Any) -> tuple[int, Optional[str]]:
-    """``"W,H"`` (or ``"S"``) -> (our square side, a note when the shape is not square).
+def resolution(value: Any) -> tuple[int | list[int], Optional[str]]:
+    """``"W,H"`` (or ``"S"``) -> (``dataset.resolution``: the side or [W, H], a note when a
+    side is rounded).
 
-    sd-scripts reads ``--resolution W,H`` as the training area W x H: bucketing keeps each
-    bucket's area at or under it (train_util.BucketManager, max_area = W * H). Our
-    ``dataset.resolution`` is the side of a square of that area, so a non-square W,H becomes
-    sqrt(W * H) rounded down to a multiple of 8: the same bucket area, never a larger one.
-    """
+    sd-scripts reads ``--resolution W,H`` as the base W x H: bucketing keeps each bucket's
+    area at or under W * H (train_util.BucketManager, max_area), and without buckets every
+    image is W x H; ``dataset.resolution = [W, H]`` is the same base here. A side that is not a
+    multiple of 8 (the VAE's factor) goes down to one, so no bucket grows past W x H."""
     parts = [p.strip() for p in str(value).split(",") if p.strip()]
     if not 1 <= len(parts) <= 2:
         raise ValueError(f"{value!r} is not W,H")
     sides = [int(number(p) or 0) for p in parts]
     if min(sides) <= 0:
         raise ValueError(f"{value!r}: sides must be positive")
-    if len(sides) == 1 or sides[0] == sides[1]:
-        return sides[0], None
-    side = int(math.sqrt(sides[0] * sides[1])) // 8 * 8
-    return side, (f"{sides[0]}x{sides[1]} is not square; dataset.resolution = {side} keeps the "
-                  f"same training area (buckets follow each image's shape)")
+    rounded = [max(8, s // 8 * 8) for s in sides]
+    note = None if rounded == sides else (
+        f"{'x'.join(map(str, sides))} trains at {'x'.join(map(str, rounded))}: each side down "
+        f"to a multiple of 8 (the VAE's factor)")
+    if len(rounded) == 1 or rounded[0] == rounded[1]:
+        return rounded[0], note
+    return rounded, note
 
 
 def literal(text: str) -> Any:

@@ -77,7 +77,9 @@ def ensure_class_images(cfg: TrainConfig, model: Any, info: Any, precision: str,
     from trainer.run.sampling import inference_pipeline
 
     pipe = inference_pipeline(model, cfg).to(info.torch_device)
-    sm, size = cfg.sampling, cfg.dataset.resolution
+    from trainer.config.sections.resolution import base_size
+
+    sm, (width, height) = cfg.sampling, base_size(cfg.dataset.resolution)
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
     autocast = torch.autocast(info.torch_device.split(":")[0], dtype=dtype, enabled=dtype
                               is not None)
@@ -87,7 +89,7 @@ def ensure_class_images(cfg: TrainConfig, model: Any, info: Any, precision: str,
         gens = [torch.Generator("cpu").manual_seed(cfg.training.seed + i) for i in chunk]
         with torch.no_grad(), autocast:
             images = pipe([prompt] * len(chunk), num_inference_steps=sm.sample_steps,
-                          guidance_scale=sm.sample_guidance_scale, height=size, width=size,
+                          guidance_scale=sm.sample_guidance_scale, height=height, width=width,
                           generator=gens).images
         for i, image in zip(chunk, images):
             stem = folder / f"class_{i:05d}"

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from trainer.config.sections.resolution import as_text, base_size
 from trainer.system import cpu_bf16
 
 log = logging.getLogger(__name__)
@@ -61,19 +62,19 @@ def choose_cpu_precision(s: Any, out: Any) -> None:
     if ratio < cpu_bf16.FASTER_BELOW:
         s.precision, s.dtype = "bf16", torch.bfloat16
         out.log(f"Precision auto: bf16 base weights ({', '.join(units)}; {how}: {words} than "
-                f"fp32 for this model at {s.cfg.dataset.resolution} px); trained weights stay "
-                f"fp32")
+                f"fp32 for this model at {as_text(s.cfg.dataset.resolution)} px); trained "
+                f"weights stay fp32")
     else:
         out.log(f"Precision auto: fp32 ({', '.join(units)}, but {how}: {words} than fp32 for "
-                f"this model at {s.cfg.dataset.resolution} px; mixed_precision = 'bf16' forces "
-                f"it)")
+                f"this model at {as_text(s.cfg.dataset.resolution)} px; mixed_precision = 'bf16' "
+                f"forces it)")
 
 
 def _key(s: Any) -> str:
     unet = s.model.unet
     shape = f"{type(unet).__name__} {sum(p.numel() for p in unet.parameters()) / 1e6:.1f}M"
     return cpu_bf16.probe_key(s.device_info.name, torch.__version__, shape,
-                              s.cfg.dataset.resolution, torch.get_num_threads())
+                              as_text(s.cfg.dataset.resolution), torch.get_num_threads())
 
 
 def probe(model: Any, cfg: Any) -> tuple[float, float] | None:
@@ -115,15 +116,14 @@ def _inputs(model: Any, cfg: Any) -> tuple[Any, ...]:
 
     vae = model.vae.config
     down = 2 ** (len(vae.block_out_channels) - 1)
-    side = cfg.dataset.resolution // down
-    noisy = torch.randn(1, vae.latent_channels, side, side, generator=torch.Generator()
-                        .manual_seed(0))
+    width, height = base_size(cfg.dataset.resolution)
+    noisy = torch.randn(1, vae.latent_channels, height // down, width // down,
+                        generator=torch.Generator().manual_seed(0))
     flow = model.version in ("flux1", "sd3")
     t = torch.tensor([0.5]) if flow else torch.tensor([500])
     with torch.no_grad():
         text = encode_captions(model, [""], cfg.model.clip_skip)
-    res = cfg.dataset.resolution
-    size_ids = torch.tensor([[res, res, 0, 0, res, res]], dtype=torch.float32)
+    size_ids = torch.tensor([[height, width, 0, 0, height, width]], dtype=torch.float32)
     return noisy, t, text, size_ids
 
 

@@ -101,8 +101,12 @@ def memory_advice(cfg: TrainConfig) -> list[str]:
         advice.append("dataset.cache_latents = true")
     if opt.optimizer_type in ("AdamW", "Lion"):
         advice.append(f"optimizer.optimizer_type = '{opt.optimizer_type}8bit'")
-    if ds.resolution > 512:
-        advice.append(f"dataset.resolution = {max(512, ds.resolution - 256)}")
+    from trainer.config.sections.resolution import long_side, scaled
+
+    if long_side(ds.resolution) > 512:  # 256 px off the longer side, the other in proportion
+        lower = scaled(ds.resolution, max(512, long_side(ds.resolution) - 256)
+                       / long_side(ds.resolution), step=8, floor=64)
+        advice.append(f"dataset.resolution = {lower}")
     return advice
 
 

@@ -73,18 +73,18 @@ def make_samples(model: Any, cfg: TrainConfig, step: int, accelerator: Any) -> l
 def _call_args(model: Any, cfg: TrainConfig, pipe: Any, spec: Any, i: int) -> dict[str, Any]:
     """The pipeline's arguments for one prompt: its own options over the [sampling] section;
     an SD family's sampler is set on ``pipe`` (a prompt's --ss)."""
+    from trainer.config.sections.resolution import base_size
     from trainer.models.conditioning import family_of
     from trainer.run.sample_prompts import make_scheduler, side
 
-    sm = cfg.sampling
+    sm, (width, height) = cfg.sampling, base_size(cfg.dataset.resolution)
     if family_of(model).objective != "flow":
         pipe.scheduler = make_scheduler(spec.sampler or sm.sample_sampler,
                                         _sd_scheduler_config(model))
     seed = spec.seed if spec.seed is not None else sm.sample_seed + i
     args = {"prompt": spec.prompt, "num_inference_steps": spec.steps or sm.sample_steps,
             "guidance_scale": sm.sample_guidance_scale if spec.scale is None else spec.scale,
-            "height": side(spec.height, cfg.dataset.resolution),
-            "width": side(spec.width, cfg.dataset.resolution),
+            "height": side(spec.height, height), "width": side(spec.width, width),
             "generator": torch.Generator("cpu").manual_seed(seed)}
     if spec.negative_prompt:
         args["negative_prompt"] = spec.negative_prompt

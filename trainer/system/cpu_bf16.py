@@ -62,7 +62,7 @@ def cache_file() -> Path:
     return Path.home() / ".cache" / "kohya-studio" / CACHE_FILE
 
 
-def probe_key(cpu: str, torch_version: str, model: str, resolution: int, threads: int) -> str:
+def probe_key(cpu: str, torch_version: str, model: str, resolution: int | str, threads: int) -> str:
     """What a measurement depends on: the CPU, torch (its kernels), the model's shape, the
     resolution and the thread count."""
     return f"{cpu} | torch {torch_version} | {model} | {resolution}px | {threads} thread(s)"

@@ -11,7 +11,7 @@ SCHEMA_VERSION = 1
 
 MODES = ("lora", "dreambooth", "textual_inversion")
 Mode = Literal["lora", "dreambooth", "textual_inversion"]
-Widget = Literal["text", "dir", "file", "textarea", "list", "dict"]
+Widget = Literal["text", "dir", "file", "textarea", "list", "dict", "size"]
 
 EMBEDDED_MODEL = "embedded:tiny-sd15"
 EMBEDDED_SDXL = "embedded:tiny-sdxl"

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Optional
 
-from pydantic import model_validator
+from pydantic import field_validator, model_validator
 
 from trainer.config.sections.base import EMBEDDED_DATASET, setting
 from trainer.config.sections.dataset_parity import DatasetParity
+from trainer.config.sections.resolution import Resolution, check_resolution
 
 
 class DatasetSection(DatasetParity):
@@ -47,11 +48,13 @@ class DatasetSection(DatasetParity):
         pattern=r"^\.[A-Za-z0-9_]+$",
         label="Caption file extension",
     )
-    resolution: int = setting(
-        512, "Training resolution (the base side of the buckets), in pixels.",
-        ge=64, le=4096, multiple_of=8,
+    resolution: Resolution = setting(
+        512, "Training resolution in pixels: one side (a square base) or [width, height] "
+        "(kohya_ss's \"512,768\"); the buckets keep the base's area, sides 64-4096 on "
+        "multiples of 8.", widget="size",
         label="Resolution",
     )
+    _resolution = field_validator("resolution", mode="before")(check_resolution)
     enable_bucket: bool = setting(True, "Aspect-ratio bucketing: train images at their shape.",
                                   label="Aspect-ratio buckets")
     min_bucket_reso: int = setting(
