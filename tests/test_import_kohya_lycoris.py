@@ -84,8 +84,7 @@ def test_ia3_with_its_own_preset_and_standard_lora_with_a_preset():
 
 
 @pytest.mark.parametrize("lora_type", ["LyCORIS/DyLoRA", "Kohya DyLoRA"])
-def test_dylora_is_refused_with_the_reason(lora_type):
-    from trainer.config.files import ConfigError
-
-    with pytest.raises(ConfigError, match="DyLoRA .*not implemented yet"):
-        import_kohya({"LoRA_type": lora_type, "unit": 4})
+def test_dylora_imports_as_sd_scripts_networks_dylora(lora_type):
+    cfg, report = import_kohya({"LoRA_type": lora_type, "unit": 4, "network_dim": 8})
+    assert (cfg.network.network_type, cfg.network.dylora_unit) == ("lora", 4)
+    assert report.unsupported == []  # tests/test_dylora_import.py: the rest of the keys

@@ -21,7 +21,9 @@ def _set(net: Any, keys: tuple[str, ...]) -> list[str]:
 def network_extra_problems(net: Any, family: Optional[str]) -> list[str]:
     """What the LoRA+ / block-wise / network_weights settings of the [network] section ``net``
     cannot do; ``family`` None (not known yet): the checks that do not depend on it."""
-    problems = []
+    from trainer.config.dylora_rules import dylora_problems  # network.dylora_unit
+
+    problems = dylora_problems(net, family)
     plus, blocks = _set(net, LORAPLUS), _set(net, BLOCK_KEYS)
     if plus and net.network_type != "lora":
         problems.append(f"network.{plus[0]}: LoRA+ raises the rate of LoRA's B (lora_up) "

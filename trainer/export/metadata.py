@@ -181,7 +181,7 @@ def _num(value: float) -> str:
 def network_module(cfg: Any) -> str:
     """``ss_network_module``: ``networks.lora`` for peft LoRA, ``lycoris.kohya`` for LyCORIS."""
     if cfg.network.network_type == "lora":
-        return NETWORK_MODULE
+        return NETWORK_MODULE if cfg.network.dylora_unit is None else "networks.dylora"
     from trainer.export.lycoris_args import NETWORK_MODULE as LYCORIS_MODULE
 
     return LYCORIS_MODULE
@@ -195,8 +195,11 @@ def network_args(cfg: Any) -> dict[str, str]:
         from trainer.export.lycoris_args import lycoris_network_args
 
         return lycoris_network_args(cfg)
+    unit = {} if net.dylora_unit is None else {"unit": _num(net.dylora_unit)}
     if net.conv_dim is None:
-        return {}
+        return unit
+    if net.dylora_unit is not None:  # networks.dylora trains its convolutions at network_alpha
+        return {"conv_dim": _num(net.conv_dim), "conv_alpha": _num(net.network_alpha), **unit}
     alpha = net.conv_alpha if net.conv_alpha is not None else net.conv_dim
     return {"conv_dim": _num(net.conv_dim), "conv_alpha": _num(alpha)}
 

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from trainer.config import SECTIONS, OptimizerSection
 from trainer.config.rules import NETWORK_OPTIONS
 from trainer.importers import kohya_convert as c
+from trainer.importers.kohya_dylora import DYLORA_TYPES, dylora_network
 from trainer.importers.kohya_extra_table import optimizer_target
 from trainer.importers.kohya_lycoris import lycoris_preset, text_encoder_off, unused_conv_keys
 from trainer.importers.kohya_report import Ctx
@@ -54,12 +55,8 @@ LORA_TYPES: dict[str, NetType] = {
                                                            "constrain", "rescaled") + _PRESET,
                                 ignored=("use_tucker",)),
 }
-NOT_TRAINED = ("LyCORIS/DyLoRA", "LyCORIS/Native Fine-Tuning", "Kohya DyLoRA", "LoRA-FA",
-               "Flux1 OFT")
-_DYLORA = ("DyLoRA (Valipour et al. 2022) is not implemented yet: sd-scripts' networks.dylora "
-           "(plain LoRA files at the largest rank) is the way to follow; lycoris' DyLoraModule "
-           "fails on convolutions and its files do not load back in its own loader")
-WHY_NOT = {"LyCORIS/DyLoRA": _DYLORA, "Kohya DyLoRA": _DYLORA}
+NOT_TRAINED = ("LyCORIS/Native Fine-Tuning", "LoRA-FA", "Flux1 OFT")
+WHY_NOT: dict[str, str] = {}  # LoRA_type -> why it is not trained, for the message
 
 EXTRA_TARGETS = {  # kohya key -> (our key, converter)
     "rank_dropout": ("network.rank_dropout", c.nonzero(c.to_float)),
@@ -77,7 +74,7 @@ EXTRA_TARGETS = {  # kohya key -> (our key, converter)
     "bypass_mode": ("network.bypass_mode", c.to_bool),
 }
 NETWORK_KEYS = ("LoRA_type", "network_dim", "network_alpha", "conv_dim", "conv_alpha",
-                "network_dropout", "dora_wd", *EXTRA_TARGETS, "dim_from_weights")
+                "network_dropout", "dora_wd", *EXTRA_TARGETS, "dim_from_weights", "unit")
 
 
 def upper_bound(target: str) -> float | None:
@@ -97,8 +94,13 @@ def network(ctx: Ctx) -> None:
             ctx.skip(key, f"a LoRA setting, not used in {ctx.mode} mode")
         return
     name = ctx.raw("LoRA_type") or "Standard"
+    if name in DYLORA_TYPES:  # sd-scripts' networks.dylora (kohya_dylora.py)
+        dylora_network(ctx, name, NETWORK_KEYS)
+        return
+    if "unit" in ctx.data:
+        ctx.skip("unit", f"DyLoRA's rank step; kohya_ss does not pass it for LoRA_type {name!r}")
     if name in NOT_TRAINED or name not in LORA_TYPES:
-        known = ", ".join(LORA_TYPES)
+        known = ", ".join((*LORA_TYPES, *DYLORA_TYPES))
         why = f" ({WHY_NOT[name]})" if name in WHY_NOT else ""
         ctx.problems.append(f"LoRA_type = {name!r}: not trained by this studio{why}; choose one "
                             f"of {known}")

@@ -214,8 +214,6 @@ NOT_NEEDED: dict[str, str] = {
                     "a kohya_ss GUI control, not a training setting"),
     "save_model_as": "LoRA files are always .safetensors; DreamBooth writes a diffusers folder "
                      "and a single .safetensors file",
-    "unit": "an option of LoRA_type DyLoRA, which this studio does not train (such a file is "
-            "refused)",
     "use_8bit_adam": "an old spelling of optimizer = AdamW8bit, which the optimizer key gives",
     "noise_offset_type": "read together with noise_offset / multires_noise_* (it picks which)",
     "train_dir": "the finetune tab's working folder; outputs go to saving.output_dir",

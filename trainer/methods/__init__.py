@@ -43,6 +43,10 @@ def get_method(cfg: TrainConfig) -> TrainingMethod:
         from trainer.methods.lycoris import LycorisMethod  # LoCon, LoHa, LoKr, IA3, DoRA
 
         return LycorisMethod(cfg)
+    if cfg.mode == "lora" and cfg.network.dylora_unit is not None:
+        from trainer.methods.dylora import DyLoraMethod  # sd-scripts' networks.dylora
+
+        return DyLoraMethod(cfg)
     if cfg.mode == "lora":
         from trainer.methods.lora import LoraMethod
 

@@ -71,6 +71,11 @@ class NetworkExtras(Section):
         "LoRA module whose update (up @ down * alpha/rank) has a norm above this is scaled "
         "down to it; the number of scaled modules is logged. 1 is a common value.",
         "Max norm of each module", gt=0)
+    dylora_unit: Optional[int] = _lora_setting(
+        None, "DyLoRA (Valipour et al. 2022, sd-scripts' networks.dylora network_args unit): "
+        "each step every module trains one block of this many ranks, picked at random, so the "
+        "file (a plain LoRA at network_dim) can be cut to any multiple of it; network_dim must "
+        "be a multiple. Unset: plain LoRA.", "DyLoRA unit", SD, ge=1, le=1024)
 
     @field_validator("down_lr_weight", "mid_lr_weight", "up_lr_weight")
     @classmethod
