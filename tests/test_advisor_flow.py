@@ -103,3 +103,26 @@ def test_advise_covers_the_tiny_flux_with_its_memory_lines(tmp_path):
     lines = dict(advice.memory.lines)
     assert any("fp8, 1 blocks swapped" in k for k in lines)
     assert advice.memory.fits and advice.timing.seconds_per_step > 0
+
+
+def test_a_second_process_answers_from_the_disk_cache(tmp_path, monkeypatch):
+    """The simulations are kept on disk: with the in-memory answers gone (a new process) the
+    same estimate comes back without simulating, at once."""
+    from trainer.advisor import footprint, model_configs
+    from trainer.advisor.disk_cache import cache_file
+
+    data = one_image_dataset(tmp_path / "data")
+    cfg = from_dict({"mode": "dreambooth", "dataset": {
+        "train_data_dir": str(data), "resolution": 64, "min_bucket_reso": 64,
+        "max_bucket_reso": 128, "bucket_reso_steps": 64}})
+    first = advise(cfg, CARD_16GB)
+    assert first.memory is not None and cache_file().is_file()
+    monkeypatch.setattr(model_configs, "_CACHE", {})
+
+    def no_simulation(*args, **kwargs):
+        raise AssertionError("simulated again")
+    monkeypatch.setattr(footprint, "_one_step", no_simulation)
+    start = time.perf_counter()
+    again = advise(cfg, CARD_16GB)
+    assert time.perf_counter() - start < 2
+    assert again.memory == first.memory and again.timing == first.timing

@@ -26,7 +26,7 @@ from typing import Any, Optional
 
 import torch
 
-from trainer.advisor.model_configs import cached
+from trainer.advisor.disk_cache import stored
 
 T5_TOKENS = {"flux1": 512, "sd3": 256}  # FLUX.1-dev's T5 length; SD 3.5's 77 + 256 below
 CLIP_TOKENS = {"flux1": 0, "sd3": 77}
@@ -164,7 +164,14 @@ def flow_weights(config: dict, cfg: Any) -> FlowWeights:
         return FlowWeights(int(total), units[0], units[1], fixed[1], units[2], int(lora))
     key = json.dumps(["flow-weights", config, cfg.network.model_dump(mode="json")],
                      sort_keys=True)
-    return cached(key, build)
+    return stored(key, build, _to_lists, lambda d: FlowWeights(**{
+        k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}))
+
+
+def _to_lists(w: FlowWeights) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return asdict(w)
 
 
 def _inputs(config: dict, size: tuple[int, int], batch: int) -> dict[str, Any]:
@@ -224,7 +231,7 @@ def simulate_flow_step(config: dict, cfg: Any, size: tuple[int, int], batch: int
         return int(fixed + doubles * first + singles * second)
     key = json.dumps(["flow-step", config, cfg.network.model_dump(mode="json"), list(size),
                       batch, checkpointing, full], sort_keys=True)
-    return cached(key, build)
+    return stored(key, build, int, int)
 
 
 def weight_bytes(w: FlowWeights, base: str, swap: Optional[int]) -> int:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import weakref
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from trainer.advisor.disk_cache import stored
 from trainer.advisor.model_configs import (  # noqa: F401 - read_configs is the entry
     ENCODERS,
     ModelConfigs,
@@ -63,7 +64,7 @@ def param_counts(configs: ModelConfigs) -> dict[str, int]:
         model = meta_model(configs)
         names = ["unet", "vae"] + [name for name, _ in configs.text_encoders]
         return {n: sum(p.numel() for p in getattr(model, n).parameters()) for n in names}
-    return cached("params:" + configs.key, build)
+    return stored("params:" + configs.key, build)
 
 
 # --- measuring on the meta device ----------------------------------------------------------
@@ -258,7 +259,7 @@ def simulate_step(configs: ModelConfigs, cfg: Any, bucket: tuple[int, int], batc
             max(0, live.peak - trained * dtype.itemsize), flops, trained,
             sum(p.numel() for n in nets for p in n.parameters() if not p.requires_grad),
             sum(factored_size(tuple(p.shape)) for p in learning), live.ops, len(learning))
-    return cached(key, build)
+    return stored(key, build, asdict, lambda d: StepFootprint(**d))
 
 
 def simulate_flops(configs: ModelConfigs, cfg: Any, bucket: tuple[int, int],
@@ -276,7 +277,7 @@ def simulate_flops(configs: ModelConfigs, cfg: Any, bucket: tuple[int, int],
         return counter.get_total_flops() + attention[0]
     key = json.dumps(["flops", configs.key, cfg.mode, cfg.network.model_dump(mode="json"),
                       list(bucket), checkpointing])
-    return cached(key, build)
+    return stored(key, build, float, float)
 
 
 def _training_model(configs: ModelConfigs, cfg: Any, dtype: torch.dtype,
@@ -319,4 +320,4 @@ def simulate_encode(configs: ModelConfigs, bucket: tuple[int, int], batch: int) 
         with torch.no_grad(), FusedAttention([0.0]), live:
             vae.encode(pixels).latent_dist.mode()
         return live.peak
-    return cached(json.dumps(["encode", configs.key, list(bucket), batch]), build)
+    return stored(json.dumps(["encode", configs.key, list(bucket), batch]), build, int, int)

@@ -1,0 +1,83 @@
+"""The advisor's simulations kept on disk, so that an estimate the machine has made once answers
+at once in every later process (the GUI started again, ``python -m trainer advise``).
+
+A simulation of a full-size UNet step on the meta device takes tens of seconds on a CPU (about
+40 s for SD 1.5 DreamBooth at 512 px, most of it dispatching operations); its result is a few
+numbers. They are kept in ``<data home>/cache/advisor.json`` under the simulation's key (model
+shape, mode, network, resolution, batch, dtype, checkpointing) plus a stamp of what could change
+them: the versions of torch, diffusers and peft and the advisor's own simulation code. A file
+that cannot be read is ignored and rewritten; writes are atomic. In-process, answers are also
+kept in memory (:func:`trainer.advisor.model_configs.cached`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from trainer.advisor.model_configs import cached
+
+T = TypeVar("T")
+_LOCK = threading.Lock()
+_STAMP: list[str] = []
+CODE = ("footprint.py", "flow_memory.py", "disk_cache.py")
+
+
+def cache_file() -> Path:
+    from trainer.config.paths import data_home
+
+    return data_home() / "cache" / "advisor.json"
+
+
+def _stamp() -> str:
+    if not _STAMP:
+        import diffusers
+        import peft
+        import torch
+
+        h = hashlib.sha256(f"{torch.__version__} {diffusers.__version__} {peft.__version__}"
+                           .encode())
+        for name in CODE:
+            h.update((Path(__file__).parent / name).read_bytes())
+        _STAMP.append(h.hexdigest()[:16])
+    return _STAMP[0]
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def stored(key: str, build: Callable[[], T], to_json: Callable[[T], Any] = lambda v: v,
+           from_json: Callable[[Any], T] = lambda v: v) -> T:
+    """``build()``'s value for ``key``: from memory, else from the disk cache, else built and
+    written there."""
+    def load_or_build() -> T:
+        from trainer.system.safe_write import atomic_path
+
+        path = cache_file()
+        name = hashlib.sha256((_stamp() + key).encode()).hexdigest()
+        found = _read(path).get(name)
+        if found is not None:
+            try:
+                return from_json(found)
+            except (TypeError, ValueError, KeyError):
+                pass  # an entry of another shape: build it again
+        value = build()
+        with _LOCK:
+            entries = _read(path)
+            entries[name] = to_json(value)
+            try:
+                with atomic_path(path) as tmp:
+                    tmp.write_text(json.dumps(entries), encoding="utf-8")
+            except OSError:
+                pass  # a read-only data folder: the estimate still stands
+        return value
+    return cached(key, load_or_build)
