@@ -1,11 +1,9 @@
 """The soak (issue 22), shorter: the default preset through the GUI's runner with the page open;
-the server's resident memory stays flat after warm-up (under 5 % growth), and the page's DOM
-does too (the curve is thinned to a fixed number of points, the log is bounded).
-`python bench/soak.py` is the 2,000-step version.
-
-Not yet met: the page's JS heap still grows while Gradio's LinePlot is updated (about 2.5 MB per
-100 steps of the default preset on this machine; flat with the plot's updates switched off);
-the heap bound here is a guard against it getting worse, not the issue's 5 %."""
+the server's resident memory and the page's JS heap (after a forced garbage collection) stay
+flat after warm-up: under 5 % growth from step 200 to the end. The page's content is bounded
+(the curve is an SVG of at most 200 points per series built on the server, kohya_gui/curve_svg.py;
+the log is bounded); Gradio's LinePlot, which it replaced, grew the heap by about 2.5 MB per 100
+steps. `python bench/soak.py` is the 2,000-step version."""
 
 from __future__ import annotations
 
@@ -26,4 +24,4 @@ def test_memory_stays_flat_after_warm_up(gui_home, tmp_path):  # noqa: F811
     rss, heap = result["endpoints"]["rss"], result["endpoints"]["heap"]
     assert rss["to_step"] == 400 and heap["to_step"] == 400
     assert rss["growth"] < 0.05, result["rss"]
-    assert heap["growth"] < 0.5, result["heap"]
+    assert heap["growth"] < 0.05, result["heap"]
