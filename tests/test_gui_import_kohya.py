@@ -20,7 +20,8 @@ LORA_PRESET = {"LoRA_type": "LyCORIS/LoHa", "network_dim": "16", "network_alpha"
                "conv_dim": 4, "conv_alpha": 2, "optimizer": "AdamW",
                "optimizer_args": '"betas=0.9,0.99" "weight_decay=0.1" "eps=1e-7"',
                "max_resolution": "512,650", "max_train_steps": "100", "lr_warmup": "10",
-               "text_encoder_lr": 0, "unet_lr": "1e-4", "color_aug": True, "wibble": 1}
+               "text_encoder_lr": 0, "unet_lr": "1e-4", "train_inpainting": True,
+               "wibble": 1}
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +60,8 @@ def test_a_kohya_lora_file_fills_the_form_and_shows_the_report(built, tmp_path):
     assert values["dataset.resolution"] == "512,648"  # the base W x H, 650 down to 8's
     assert values["optimizer.lr_warmup_steps"] == 10
     assert "Imported loha.json as a lora config" in msg
-    assert "512x650 trains at 512x648" in msg and "color_aug = True" in msg and "wibble" in msg
+    assert "512x650 trains at 512x648" in msg and "train_inpainting = True" in msg
+    assert "wibble" in msg
 
 
 def test_a_dreambooth_file_loads_in_the_dreambooth_tab_only(built, tmp_path):

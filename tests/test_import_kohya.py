@@ -174,18 +174,18 @@ def test_additional_parameters_are_mapped_or_reported():
     assert cfg.optimizer.max_grad_norm == 0 and not cfg.network.train_text_encoder
     assert cfg.training.zero_terminal_snr and cfg.training.min_snr_gamma == 5
     assert ("additional_parameters --log_prefix",
-            "logs go to TensorBoard only, under training.logging_dir") in report.not_needed
+            "the logs are named by training.log_tracker_name under training.logging_dir") in \
+        report.not_needed
     assert ("additional_parameters --wibble", "a b",
             "an sd-scripts flag this importer does not map") in report.unsupported
     assert cfg.optimizer.lr_warmup_ratio == 0.1  # sd-scripts: a float < 1 is a fraction
 
 
 def test_unknown_keys_and_unsupported_values_land_in_the_report():
-    cfg, report = import_kohya({"LoRA_type": "Standard", "wibble": 3, "color_aug": True,
+    cfg, report = import_kohya({"LoRA_type": "Standard", "wibble": 3, "train_inpainting": True,
                                 "scale_weight_norms": 0, "xformers": "xformers"})
     assert report.unknown == [("wibble", 3)]
-    assert ("color_aug", True, "colour augmentation (it also rules out latent caching)") in \
-        report.unsupported
+    assert ("train_inpainting", True, "inpainting models") in report.unsupported
     assert "scale_weight_norms" in report.unset  # off in the file: nothing to say
     text = report.text()
     assert "Unknown keys" in text and "wibble = 3" in text and "xformers" in text

@@ -182,7 +182,7 @@ MEMORY_CHANGES: tuple[Change, ...] = (
      if p == "no" and i.backend != "cpu" and (i.fp16_ok or i.bf16_ok) else None),
     ("Cache the latents", "the VAE encodes each image once before training instead of every "
      "step", lambda c, i, p: None if c.dataset.cache_latents or c.dataset.random_crop
-     else {"dataset.cache_latents": True}),
+     or c.dataset.color_aug else {"dataset.cache_latents": True}),
     ("Use an 8-bit optimizer", "bitsandbytes keeps the optimizer state in 8 bits", _bnb),
     ("Keep the trained weights in bf16", "full_bf16: trained weights, gradients and "
      "optimizer state in bf16", lambda c, i, p: {"training.full_bf16": True}

@@ -14,6 +14,28 @@ from trainer.optim.optimizers import ONE_LR  # noqa: F401 - the importer reads i
 def parity_checks(cfg: Any) -> None:
     one_rate_checks(cfg)
     caption_checks(cfg)
+    color_aug_checks(cfg)
+    full_fp16_checks(cfg)
+
+
+def full_fp16_checks(cfg: Any) -> None:
+    """sd-scripts asserts mixed_precision 'fp16' for --full_fp16; the device is checked when
+    the run starts (trainer/run/full_fp16.py: GPUs only)."""
+    tr = cfg.training
+    if tr.full_fp16 and tr.full_bf16:
+        raise ValueError("training.full_fp16 and training.full_bf16 both set the trained "
+                         "weights' dtype; keep one")
+    if tr.full_fp16 and tr.mixed_precision != "fp16":
+        raise ValueError(f"training.full_fp16 needs training.mixed_precision = 'fp16' (not "
+                         f"{tr.mixed_precision!r}): fp16 weights train under fp16's loss scaler")
+
+
+def color_aug_checks(cfg: Any) -> None:
+    """Cached latents hold each image's pixels once; sd-scripts asserts the two apart too."""
+    if cfg.dataset.color_aug and cfg.dataset.cache_latents:
+        raise ValueError("dataset.color_aug changes the pixels at every step, which "
+                         "dataset.cache_latents would encode only once: turn "
+                         "dataset.cache_latents off (sd-scripts refuses the two together)")
 
 
 SD_CAPTION_KEYS = ("weighted_captions", "max_token_length", "no_token_padding")

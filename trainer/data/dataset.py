@@ -21,6 +21,7 @@ import torch
 from trainer.config.paths import data_home as studio_data_home
 
 from ..models.conditioning import size_ids
+from . import color_aug
 from .buckets import BucketSpec, Size, assign_bucket, bucket_name, bucket_table_for, cover_size
 from .buckets import crop_box as make_crop_box
 from .cache import Encode, LatentJob, LatentStore, build_latent_cache
@@ -70,6 +71,7 @@ class TrainingData:
         self.caption_options = CaptionOptions.from_config(ds)
         self.random_crop = ds.random_crop
         self.flip_aug = ds.flip_aug
+        self.color_aug = ds.color_aug  # sd-scripts' colour augmentation (trainer/data/color_aug)
         self.prior_loss_weight = cfg.training.prior_loss_weight
         self.text_cache_blocker = text_cache_blocker(cfg)
         self.templates = templates_for(cfg)  # textual inversion's built-in captions
@@ -218,10 +220,11 @@ class TrainingData:
                 yield self._batch(indices, random.Random(f"{seed}:{epoch}:{step}"), rows,
                                   epoch)
 
-    def _pixels(self, index: int, flip: bool, geometry: tuple[Size, tuple]) -> torch.Tensor:
+    def _pixels(self, index: int, flip: bool, geometry: tuple[Size, tuple],
+                color: color_aug.Draw = None) -> torch.Tensor:
         rgb = load_image(self.entries[index].path).rgb
         resized, box = geometry
-        return to_tensor(render(rgb, resized, box, flip))
+        return to_tensor(color_aug.apply(render(rgb, resized, box, flip), color))
 
     def _size_ids(self, index: int, geometry: tuple[Size, tuple]) -> list[int]:
         box = geometry[1]
@@ -237,10 +240,12 @@ class TrainingData:
         flips = [self._flip_aug(i) and rng.random() < 0.5 for i in indices]
         weights = [self.prior_loss_weight if e.is_reg else 1.0 for e in entries]
         geometry = [self._geometry(i, rng if self._random_crop(i) else None) for i in indices]
+        colors = [color_aug.draw(rng) if self.color_aug else None for _ in indices]
         if rows is not None:  # one process's rows; the draws above were the whole batch's
             size, keep = len(indices), rows or range(1)  # none: a placeholder of weight 0
-            indices, entries, captions, flips, geometry = (
-                [v[i] for i in keep] for v in (indices, entries, captions, flips, geometry))
+            indices, entries, captions, flips, geometry, colors = (
+                [v[i] for i in keep] for v in (indices, entries, captions, flips, geometry,
+                                               colors))
             weights = [weights[i] if rows else 0.0 for i in keep]
         batch = Batch(captions, torch.tensor(weights, dtype=torch.float32),
                       self.buckets[indices[0]], paths=[e.path for e in entries],
@@ -255,8 +260,8 @@ class TrainingData:
         elif self._latents is not None:
             batch.latents = torch.stack([self._latents.get(i, f) for i, f in zip(indices, flips)])
         else:
-            batch.pixels = torch.stack([self._pixels(i, f, g)
-                                        for i, f, g in zip(indices, flips, geometry)])
+            batch.pixels = torch.stack([self._pixels(i, f, g, c)
+                                        for i, f, g, c in zip(indices, flips, geometry, colors)])
         if self._text is not None:
             batch.text = self._text.get(captions)
         if self.masks is not None and batch.mask is None:

@@ -251,7 +251,7 @@ def _ss_training(cfg: Any, facts: RunFacts) -> dict[str, Any]:
         "ss_total_batch_size": (tr.train_batch_size * tr.gradient_accumulation_steps
                                 * facts.num_processes),
         "ss_mixed_precision": precision,
-        "ss_full_fp16": False,
+        "ss_full_fp16": tr.full_fp16,
         "ss_full_bf16": tr.full_bf16,
         "ss_seed": tr.seed,
         "ss_noise_offset": tr.noise_offset,
@@ -296,7 +296,7 @@ def _ss_dataset(cfg: Any, facts: RunFacts) -> dict[str, Any]:
         "ss_shuffle_caption": ds.shuffle_caption,
         "ss_keep_tokens": ds.keep_tokens,
         "ss_flip_aug": ds.flip_aug,
-        "ss_color_aug": False,
+        "ss_color_aug": ds.color_aug,
         "ss_random_crop": ds.random_crop,
         "ss_caption_dropout_rate": ds.caption_dropout_rate,
         "ss_caption_dropout_every_n_epochs": ds.caption_dropout_every_n_epochs,

@@ -12,7 +12,7 @@ from typing import Any
 
 from trainer.config.plan import plan_steps
 from trainer.importers import kohya_convert as c
-from trainer.importers import kohya_extra, kohya_flow, kohya_keep_last
+from trainer.importers import kohya_extra, kohya_flow, kohya_keep_last, kohya_run_extra
 from trainer.importers.kohya_extra_table import optimizer_target
 from trainer.importers.kohya_network import NETWORK_KEYS, network, optimizer
 from trainer.importers.kohya_report import Ctx
@@ -354,5 +354,6 @@ DERIVED: list[tuple[tuple[str, ...], Any]] = [
     (("optimizer", "optimizer_args"), optimizer),
     (kohya_extra.CONTEXT_KEYS, kohya_extra.in_context),
     (("additional_parameters",), additional_parameters),
+    (kohya_run_extra.CACHE_KEYS, kohya_run_extra.latent_cache),  # after the flags
     (kohya_flow.KEYS, kohya_flow.flow),  # last: it drops the DDPM options mapped above
 ]

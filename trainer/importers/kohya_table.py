@@ -17,6 +17,7 @@ from typing import Any
 from trainer.importers import kohya_convert as c
 from trainer.importers.kohya_extra_table import EXTRA_DIRECT, SAMPLER_NAMES
 from trainer.importers.kohya_network_extra import NETWORK_DIRECT
+from trainer.importers.kohya_run_extra import RUN_DIRECT
 
 TRAINED = ("lora", "dreambooth")
 
@@ -80,9 +81,13 @@ def prompts(value: Any) -> Any:
 
 
 def log_with(value: Any) -> Any:
-    if c.is_empty(value) or value == "tensorboard":
-        return c.UNSET if c.is_empty(value) else "tensorboard"
-    return Noted("tensorboard", f"{value!r} is not supported here; logs go to TensorBoard")
+    """sd-scripts' trackers: tensorboard, wandb, all (trainer/run/trackers.py)."""
+    if c.is_empty(value):
+        return c.UNSET
+    if value in ("tensorboard", "wandb", "all"):
+        return value
+    return Noted("tensorboard", f"{value!r} is not a tracker sd-scripts knows; logs go to "
+                                f"TensorBoard")
 
 
 def save_state_at_end(value: Any) -> Any:
@@ -185,6 +190,7 @@ DIRECT: dict[str, Rule] = {
 }
 
 DIRECT.update({key: Rule(target, convert) for key, (target, convert) in EXTRA_DIRECT.items()})
+DIRECT.update({key: Rule(target, convert) for key, (target, convert) in RUN_DIRECT.items()})
 DIRECT.update({key: Rule(target, convert, ("lora",))  # LoRA+, block-wise, network_weights
                for key, (target, convert) in NETWORK_DIRECT.items()})
 
@@ -201,9 +207,10 @@ NOT_NEEDED: dict[str, str] = {
                     _HUB),
     **dict.fromkeys(("dynamo_mode", "dynamo_use_fullgraph", "dynamo_use_dynamic"),
                     "torch.compile runs with its defaults here (training.compile)"),
-    **dict.fromkeys(("wandb_api_key", "wandb_run_name", "log_tracker_name",
-                     "log_tracker_config", "log_config", "log_prefix"),
-                    "logs go to TensorBoard only, under training.logging_dir"),
+    "wandb_api_key": "W&B reads its key from WANDB_API_KEY or `wandb login`; it is not kept "
+                     "in the config (WANDB_MODE=offline needs none)",
+    "log_config": "the config is always logged to the trackers (as hyperparameters)",
+    "log_prefix": "the logs are named by training.log_tracker_name under training.logging_dir",
     **dict.fromkeys(("max_data_loader_n_workers", "persistent_data_loader_workers",
                      "vae_batch_size", "skip_cache_check"),
                     "data loading and latent caching are tuned by the trainer"),
@@ -232,9 +239,9 @@ NOT_SUPPORTED: dict[str, str] = {
     "weights": "continuing from existing weights (network.network_weights for LoRA files)",
     **dict.fromkeys(("fused_backward_pass", "fused_optimizer_groups",
                      "blockwise_fused_optimizers"), "fused optimizer steps"),
-    "color_aug": "colour augmentation (it also rules out latent caching)",
     "train_inpainting": "inpainting models",
-    "full_fp16": "fp16 weights (training.full_bf16 is supported)",
+    "log_tracker_config": "a TOML of tracker arguments; the W&B project and run name are "
+                          "training.log_tracker_name and wandb_run_name",
     "fp8_base": "fp8 base weights (issue 19, not in this version)",
     "dataset_repeats": "repeats come from the N_ prefix of the concept folders",
     "rank_dropout_scale": "LyCORIS rank-dropout scaling",

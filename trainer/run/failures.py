@@ -97,7 +97,7 @@ def memory_advice(cfg: TrainConfig) -> list[str]:
         advice.append("training.gradient_checkpointing = true")
     if tr.mixed_precision in ("auto", "no") and not tr.full_bf16:
         advice.append("training.mixed_precision = 'bf16' (or 'fp16' where bf16 is missing)")
-    if not ds.cache_latents:
+    if not ds.cache_latents and not ds.color_aug:  # colour augmentation rules the cache out
         advice.append("dataset.cache_latents = true")
     if opt.optimizer_type in ("AdamW", "Lion"):
         advice.append(f"optimizer.optimizer_type = '{opt.optimizer_type}8bit'")

@@ -21,6 +21,7 @@ import torch
 from trainer.config import TrainConfig
 from trainer.config.plan import StepPlan, plan_steps
 from trainer.events import Event
+from trainer.run import full_fp16
 from trainer.run.cpu_precision import choose_cpu_precision, cpu_bf16_norms
 from trainer.run.ema import NoEma, make_ema
 from trainer.run.state import Progress
@@ -134,6 +135,8 @@ def _device(s: Session, out: Reporter) -> None:
     from trainer.system.threads import adaptive_threads
 
     s.device_info = info = detect()
+    # GPUs only; before the precision, which names fp16 alone on the CPU
+    full_fp16.check(s.cfg.training.full_fp16, s.cfg.training.mixed_precision, info.backend)
     s.precision = resolve_precision(s.cfg.training.mixed_precision, info)
     s.dtype = DTYPES[s.precision]
     check_full_bf16(s.cfg.training.full_bf16, s.precision)
@@ -179,6 +182,7 @@ def _accelerator(cfg: TrainConfig, info: Any, precision: str):
     from accelerate.state import AcceleratorState
     from accelerate.utils import set_seed
 
+    from trainer.run import trackers
     from trainer.run.outputs import flat_hparams
 
     AcceleratorState._reset_state(reset_partial_state=True)
@@ -187,11 +191,14 @@ def _accelerator(cfg: TrainConfig, info: Any, precision: str):
     acc = Accelerator(
         mixed_precision=precision, cpu=info.backend == "cpu",
         gradient_accumulation_steps=tr.gradient_accumulation_steps,
-        log_with=None if tr.log_with == "none" else tr.log_with, project_dir=str(log_dir),
+        log_with=trackers.log_with(cfg), project_dir=str(log_dir),
     )
     set_seed(tr.seed)
-    if tr.log_with != "none":
-        acc.init_trackers(cfg.saving.output_name, config=flat_hparams(cfg))
+    if tr.full_fp16:  # fp16 gradients through accelerate's scaler, as sd-scripts patches it
+        full_fp16.patch_scaler(acc)
+    if tr.log_with != "none":  # trainer/run/trackers.py: TensorBoard, W&B
+        acc.init_trackers(trackers.project_name(cfg), config=flat_hparams(cfg),
+                          init_kwargs=trackers.init_kwargs(cfg, log_dir))
     return acc
 
 
@@ -220,8 +227,9 @@ def _place_and_inject(s: Session, out: Reporter) -> list[dict[str, Any]]:
     cpu_bf16_norms(s.device_info.backend, s.dtype, _networks(model))  # issue 20: mixed dtype
     groups = s.method.prepare(model)
     trained = _trained_modules(model)
-    # trained weights in fp32 (or bf16 with full_bf16); the frozen rest at the compute dtype
-    cast_training_params(trained, dtype=torch.bfloat16 if tr.full_bf16 else torch.float32)
+    # trained weights in fp32 (or bf16 / fp16 with full_bf16 / full_fp16); the frozen rest at
+    # the compute dtype
+    cast_training_params(trained, dtype=full_fp16.trained_dtype(tr))
     memory.finish(out.log)
     encoders = _networks(model)[1:]
     for encoder in encoders:  # a frozen encoder runs in eval mode (no dropout, no grad)

@@ -34,3 +34,9 @@ class DatasetParity(Section):
         "--no_token_padding, diffusers' DreamBooth); the text-encoder cache is then off.",
         advanced=True, families=_SD, label="No token padding",
     )
+    color_aug: bool = setting(
+        False, "Colour augmentation as sd-scripts' --color_aug does it: a third of the samples "
+        "get a hue shift of up to 16 degrees or a gamma of 0.95-1.05, drawn every step; the "
+        "pixels change, so dataset.cache_latents must be off.", advanced=True,
+        label="Colour augmentation",
+    )

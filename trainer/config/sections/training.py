@@ -141,8 +141,10 @@ class TrainingSection(TrainingParity):
         advanced=True, ge=0, le=100,
         label="Prior-preservation loss weight",
     )
-    log_with: Literal["none", "tensorboard"] = setting(
-        "tensorboard", "Write training logs for TensorBoard into logging_dir.", advanced=True,
+    log_with: Literal["none", "tensorboard", "wandb", "all"] = setting(
+        "tensorboard", "Where the training logs go, under logging_dir: TensorBoard, Weights & "
+        "Biases (wandb; WANDB_MODE=offline works without an account) or all (both), as "
+        "sd-scripts' --log_with.", advanced=True,
         label="Logging",
     )
     logging_dir: Optional[str] = setting(

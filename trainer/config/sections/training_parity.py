@@ -30,6 +30,20 @@ class TrainingParity(Section):
         le=10, families=_SD,
         label="v-prediction-like loss",
     )
+    log_tracker_name: Optional[str] = setting(
+        None, "Name of the run in the trackers: TensorBoard's folder under logging_dir and the "
+        "W&B project (sd-scripts' --log_tracker_name); unset: saving.output_name.",
+        advanced=True, pattern=r"^[A-Za-z0-9][A-Za-z0-9._ -]*$", label="Tracker run name",
+    )
+    wandb_run_name: Optional[str] = setting(
+        None, "Name of the W&B run (sd-scripts' --wandb_run_name); unset: W&B picks one.",
+        advanced=True, label="W&B run name",
+    )
+    full_fp16: bool = setting(
+        False, "Keep the trained weights in fp16 too, with the loss scaler of fp16 mixed "
+        "precision unscaling fp16 gradients (sd-scripts' --full_fp16); needs mixed_precision "
+        "= 'fp16' and a CUDA / ROCm GPU.", advanced=True, label="Full fp16 weights",
+    )
     ema_decay: Optional[float] = setting(
         None, "Keep an exponential moving average of the trained weights with this decay "
         "(0.999 is common; OneTrainer and SimpleTuner have it, sd-scripts does not); "
