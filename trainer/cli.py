@@ -128,7 +128,12 @@ def _doctor(args: argparse.Namespace) -> int:
     return doctor.main([])
 
 
-def build_parser() -> argparse.ArgumentParser:
+CORE_COMMANDS = ("train", "doctor", "tiny-model", "example-config")
+
+
+def build_parser(command: Optional[str] = None) -> argparse.ArgumentParser:
+    """All the subcommands; for one of ``CORE_COMMANDS`` only those, so that a ``train``
+    imports neither the tools nor the importers nor the advisor (issue 20's start-up)."""
     parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="train from a TOML config (full or partial)")
@@ -147,6 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     example = sub.add_parser("example-config", help="write config_example.toml from the schema")
     example.add_argument("--check", action="store_true", help="only check that it is fresh")
     example.set_defaults(func=_example_config)
+    if command in CORE_COMMANDS:
+        return parser
     from trainer.tools.cli import add_tool_commands
 
     add_tool_commands(sub)
@@ -161,5 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[list[str]] = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(command).parse_args(argv)
     return args.func(args)

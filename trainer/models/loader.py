@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 from trainer.config import EMBEDDED_FLUX, EMBEDDED_MODEL, EMBEDDED_SD3, EMBEDDED_SDXL, ModelSection
 from trainer.config.paths import data_home
-from trainer.models import families, file_checks, single_file, tokenizers
+from trainer.models import families, file_checks, lazy_diffusers, single_file, tokenizers
 from trainer.models.families import FAMILIES, Family, ModelLoadError
 
 EMBEDDED_MODELS = {EMBEDDED_MODEL: "sd1", EMBEDDED_SDXL: "sdxl", EMBEDDED_FLUX: "flux1",
@@ -94,6 +94,7 @@ def resolve_model_path(value: str) -> Path:
 def load_base_model(section: ModelSection, dtype: Any = None) -> BaseModel:
     """The base model that ``section`` names; ``dtype``: the run's compute dtype, which a
     FLUX.1 / SD 3.x single file is built in (the others load in fp32)."""
+    lazy_diffusers.install()  # import only the UNet / transformer and autoencoder it uses
     path = resolve_model_path(section.pretrained_model_name_or_path)
     if not path.exists():
         raise ModelLoadError(
