@@ -26,6 +26,7 @@ class ModelSection(Section):
     prediction_type: Optional[Literal["epsilon", "v_prediction"]] = setting(
         None, "Training target; unset takes the base model's scheduler setting.", advanced=True,
         label="Prediction type",
+        families=("sd1", "sd2", "sdxl"),
     )
     vae: Optional[str] = setting(
         None, "A different VAE (diffusers folder or file) instead of the model's own.",
@@ -38,6 +39,7 @@ class ModelSection(Section):
         "the penultimate layer, as sd-scripts and AUTOMATIC1111 do.",
         advanced=True, ge=1, le=12,
         label="CLIP skip",
+        families=("sd1", "sd2", "sdxl"),
     )
     tokenizer: Optional[str] = setting(
         None, "Tokenizer folder for a single-file model (the file holds none); unset looks "

@@ -90,6 +90,7 @@ class NetworkCore(Section):
         None, "SDXL only: train the second text encoder (OpenCLIP bigG); unset follows "
         "train_text_encoder.", modes=("lora", "dreambooth"), advanced=True,
         label="Train SDXL's second text encoder",
+        families=("sdxl", "sd3"),
     )
     stop_text_encoder_training: Optional[int] = setting(
         None, "Freeze the text encoder after this many steps (it trains until then).",
@@ -120,9 +121,9 @@ class NetworkCore(Section):
     )
 
 
-# sd-scripts' --optimizer_type spellings; trainer/optim/optimizers.py builds each.
 
 class NetworkSection(NetworkLycoris, NetworkExtras, NetworkCore):
     """[network]: the fields above, then sd-scripts' further LoRA options (network_extra.py)."""
 
 
+# sd-scripts' --optimizer_type spellings; trainer/optim/optimizers.py builds each.

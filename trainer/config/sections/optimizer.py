@@ -43,6 +43,7 @@ class OptimizerSection(Section):
         None, "SDXL only: learning rate of the second text encoder; unset uses "
         "text_encoder_lr.", modes=("lora", "dreambooth"), advanced=True, gt=0, le=10,
         label="Second text-encoder learning rate",
+        families=("sdxl", "sd3"),
     )
     weight_decay: float = setting(0.01, "Weight decay.", advanced=True, ge=0, le=1,
                                   label="Weight decay")
