@@ -5,9 +5,9 @@ A simulation of a full-size UNet step on the meta device takes tens of seconds o
 40 s for SD 1.5 DreamBooth at 512 px, most of it dispatching operations); its result is a few
 numbers. They are kept in ``<data home>/cache/advisor.json`` under the simulation's key (model
 shape, mode, network, resolution, batch, dtype, checkpointing) plus a stamp of what could change
-them: the versions of torch, diffusers and peft and the advisor's own simulation code. A file
-that cannot be read is ignored and rewritten; writes are atomic. In-process, answers are also
-kept in memory (:func:`trainer.advisor.model_configs.cached`).
+them: the versions of torch, diffusers, peft and transformers and the advisor's own
+simulation code. A file that cannot be read is ignored and rewritten; writes are atomic.
+In-process, answers are also kept in memory (:func:`trainer.advisor.model_configs.cached`).
 """
 
 from __future__ import annotations
@@ -34,13 +34,11 @@ def cache_file() -> Path:
 
 
 def _stamp() -> str:
-    if not _STAMP:
-        import diffusers
-        import peft
-        import torch
+    if not _STAMP:  # the versions without importing the libraries (seconds each)
+        from importlib.metadata import version
 
-        h = hashlib.sha256(f"{torch.__version__} {diffusers.__version__} {peft.__version__}"
-                           .encode())
+        h = hashlib.sha256(" ".join(version(n) for n in ("torch", "diffusers", "peft",
+                                                         "transformers")).encode())
         for name in CODE:
             h.update((Path(__file__).parent / name).read_bytes())
         _STAMP.append(h.hexdigest()[:16])
