@@ -137,3 +137,29 @@ def test_an_fp8_checkpoint_is_stored_as_shipped(tmp_path):
     assert len(cast) > len(stored) // 2
     for key in cast:
         assert torch.equal(stored[key].view(torch.uint8), shipped[key].view(torch.uint8)), key
+
+
+def test_fp8_text_encoders_store_t5_in_fp8_and_the_run_trains(tmp_path, monkeypatch):
+    from trainer.methods.lora import LoraMethod
+
+    data = tmp_path / "data"
+    one_image_dataset(data)
+    cfg = small_config(tmp_path / "t5", data,
+                       model={"pretrained_model_name_or_path": "embedded:tiny-flux",
+                              "fp8_text_encoders": True},
+                       dataset={"cache_text_encoder_outputs": False})
+    seen = {}
+    real_save = LoraMethod.save
+
+    def save(self, path, model, facts, final=True):
+        seen["t5"] = {k: v.dtype for k, v in model.text_encoder_2.state_dict().items()}
+        return real_save(self, path, model, facts, final)
+
+    monkeypatch.setattr(LoraMethod, "save", save)
+    sink = ListSink()
+    result = run(cfg, sink)
+    assert result.status == "finished", result.error
+    assert seen["t5"]["encoder.block.0.layer.0.SelfAttention.q.weight"] == FP8
+    assert seen["t5"]["shared.weight"] != FP8  # the embedding stays
+    assert any("T5 text encoder stored in fp8" in e.message for e in sink.events
+               if isinstance(e, Log))
