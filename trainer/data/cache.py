@@ -14,7 +14,7 @@ import hashlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 from safetensors import safe_open
@@ -28,6 +28,9 @@ from .masks import MaskSource, render_mask
 
 CACHE_FORMAT = "1"
 Encode = Callable[[torch.Tensor], torch.Tensor]
+# images per encode call, or a function of the bucket giving the rows per call (sized to memory
+# by trainer/run/cache_batches.py); with flip_aug an image and its mirror share a call
+BatchSize = Union[int, Callable[[Size], int]]
 
 
 @dataclass(frozen=True)
@@ -116,7 +119,7 @@ def _encode(encode: Encode, pixels: torch.Tensor, bucket: Size) -> torch.Tensor:
 
 
 def encode_jobs(
-    jobs: list[LatentJob], encode: Encode, flip: bool, batch_size: int
+    jobs: list[LatentJob], encode: Encode, flip: bool, batch_size: BatchSize
 ) -> Iterator[tuple[LatentJob, dict[str, torch.Tensor]]]:
     """Encode jobs in batches of one bucket each; yields each job with its latents."""
     by_bucket: dict[Size, list[LatentJob]] = {}
@@ -124,17 +127,29 @@ def encode_jobs(
         by_bucket.setdefault(job.bucket, []).append(job)
     for bucket in sorted(by_bucket):
         group = by_bucket[bucket]
-        for start in range(0, len(group), batch_size):
-            chunk = group[start : start + batch_size]
+        size = _batch_size(batch_size, bucket)
+        if flip and callable(batch_size):  # sized to memory in rows: an image is two rows
+            size = max(1, size // 2)
+        for start in range(0, len(group), size):
+            chunk = group[start : start + size]
             pixels = torch.stack([_pixels(j) for j in chunk])
-            outputs = {"latent": _encode(encode, pixels, bucket)}
             if flip:  # flipping the rendered crop equals rendering with flip=True
-                outputs["latent_flipped"] = _encode(encode, pixels.flip(-1), bucket)
+                both = _encode(encode, torch.cat([pixels, pixels.flip(-1)]), bucket)
+                outputs = {"latent": both[: len(chunk)], "latent_flipped": both[len(chunk) :]}
+            else:
+                outputs = {"latent": _encode(encode, pixels, bucket)}
             for row, job in enumerate(chunk):
                 latents = {name: t[row].clone() for name, t in outputs.items()}
                 if job.mask is not None:
                     latents["mask"] = render_mask(job.mask, job.resized, job.box)
                 yield job, latents
+
+
+def _batch_size(batch_size: BatchSize, bucket: Size) -> int:
+    size = batch_size(bucket) if callable(batch_size) else batch_size
+    if size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {size}")
+    return size
 
 
 def build_latent_cache(
@@ -143,11 +158,11 @@ def build_latent_cache(
     vae_id: str,
     flip: bool,
     cache_dir: Optional[Path],
-    batch_size: int = 4,
+    batch_size: BatchSize = 4,
 ) -> tuple[LatentStore, int]:
     """Cache every job's latents (on disk when ``cache_dir`` is given); returns the store and
     the number of images that were encoded."""
-    if batch_size < 1:
+    if not callable(batch_size) and batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     store, todo, files = LatentStore(), [], {}
     for job in jobs:

@@ -268,16 +268,23 @@ def _compile(s: Session, out: Reporter) -> None:
 
 
 def _cache(s: Session, out: Reporter) -> None:
+    from trainer.run import cache_batches
+
     ds, model = s.cfg.dataset, s.model
     if ds.cache_latents:
         start = time.time()
         # hashing the VAE's weights is only worth it for a cache that outlives the run
         vae_id = model.vae_id if ds.cache_latents_to_disk else "in-memory"
+        backend = s.device_info.backend  # issue 20: batches sized to memory, bf16 where it is
         with torch.no_grad():
-            encoded = s.data.cache_latents(lambda px: encode_images(model.vae, px), vae_id,
-                                           to_disk=ds.cache_latents_to_disk,
-                                           cache_dir=Path(ds.cache_dir) if ds.cache_dir
-                                           else None)
+            encoded = s.data.cache_latents(
+                cache_batches.latent_encoder(lambda px: encode_images(model.vae, px), backend,
+                                             s.dtype),
+                cache_batches.latent_id(vae_id, backend, s.dtype),
+                to_disk=ds.cache_latents_to_disk,
+                cache_dir=Path(ds.cache_dir) if ds.cache_dir else None,
+                batch_size=cache_batches.latent_batches(model.vae.config,
+                                                        cache_batches.budget(s.device_info)))
         out.log(f"Latent cache ready: {encoded} image(s) encoded in {time.time() - start:.1f}s")
         if not s.cfg.sampling.sample_prompts:
             model.vae.to("cpu")  # not needed on the device any more
@@ -287,7 +294,10 @@ def _cache(s: Session, out: Reporter) -> None:
         with torch.no_grad():
             encoded = s.data.cache_text(
                 lambda caps: encode_captions(model, caps, s.cfg.model.clip_skip), to_disk=disk,
-                cache_dir=Path(ds.cache_dir) if ds.cache_dir else None, identity=identity)
+                cache_dir=Path(ds.cache_dir) if ds.cache_dir else None, identity=identity,
+                batch_size=cache_batches.text_batch(
+                    cache_batches.text_encoder_configs(model), cache_batches.budget(
+                        s.device_info), cache_batches.element_size(model.text_encoder)))
         if disk:
             out.log(f"Text-encoder cache ready: {encoded} caption(s) encoded in "
                     f"{time.time() - start:.1f}s, the rest read from disk")

@@ -277,6 +277,26 @@ def memory_in_use(info: DeviceInfo, torch_module: Any = None) -> Optional[int]:
         return None
 
 
+def memory_free(info: DeviceInfo, torch_module: Any = None) -> Optional[int]:
+    """Memory free for new tensors (bytes): the device's free memory on a GPU whose backend
+    tells (``mem_get_info``), else the system's available RAM (Linux ``MemAvailable``); None
+    where neither is known."""
+    if info.is_gpu:
+        module = _backend_module(info, _torch(torch_module))
+        try:
+            return int(module.mem_get_info()[0])
+        except Exception:  # noqa: BLE001 - a backend without the counter (MPS, an old XPU)
+            return None
+    try:
+        with open("/proc/meminfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def cpu_name() -> str:
     """The CPU model from /proc/cpuinfo (Linux), else ``platform.processor()``."""
     try:
