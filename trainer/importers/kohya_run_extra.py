@@ -17,7 +17,22 @@ RUN_DIRECT: dict[str, tuple[str, Any]] = {
     "full_fp16": ("training.full_fp16", c.to_bool),
     "log_tracker_name": ("training.log_tracker_name", c.to_text),
     "wandb_run_name": ("training.wandb_run_name", c.to_text),
+    # the Hub upload (trainer/run/hub.py); the token stays out of the config (kohya_table)
+    "huggingface_repo_id": ("saving.huggingface_repo_id", c.to_text),
+    "huggingface_repo_type": ("saving.huggingface_repo_type",
+                              c.choice({"model": "model", "dataset": "dataset"})),
+    "huggingface_path_in_repo": ("saving.huggingface_path_in_repo", c.to_text),
+    "huggingface_repo_visibility": ("saving.huggingface_repo_visibility",
+                                    lambda value: visibility(value)),
+    "save_state_to_huggingface": ("saving.save_state_to_huggingface", c.to_bool),
+    "resume_from_huggingface": ("saving.resume_from_huggingface", c.to_bool),
+    "async_upload": ("saving.async_upload", c.to_bool),
 }
+
+
+def visibility(value: Any) -> Any:
+    """sd-scripts makes the repository private unless the visibility is 'public'."""
+    return c.UNSET if c.is_empty(value) else ("public" if value == "public" else "private")
 
 CACHE_KEYS = ("cache_latents",)  # DERIVED: after additional_parameters, which may set either
 

@@ -196,15 +196,13 @@ DIRECT.update({key: Rule(target, convert, ("lora",))  # LoRA+, block-wise, netwo
 
 _ATTN = "attention here is always PyTorch's scaled-dot-product attention"
 _LAUNCH = "accelerate launch settings of kohya_ss; one process trains here (training.num_processes)"
-_HUB = "uploading to the Hugging Face Hub is not part of training here"
+_HUB_TOKEN = ("huggingface_hub reads the token from HF_TOKEN or `hf auth login`; it is not kept "
+              "in the config (saving.huggingface_repo_id uploads with it)")
 NOT_NEEDED: dict[str, str] = {
     **dict.fromkeys(("xformers", "mem_eff_attn", "sdpa"), _ATTN),
     **dict.fromkeys(("gpu_ids", "num_cpu_threads_per_process", "num_machines", "multi_gpu",
                      "main_process_port", "extra_accelerate_launch_args"), _LAUNCH),
-    **dict.fromkeys(("huggingface_repo_id", "huggingface_token", "huggingface_repo_type",
-                     "huggingface_repo_visibility", "huggingface_path_in_repo",
-                     "save_state_to_huggingface", "resume_from_huggingface", "async_upload"),
-                    _HUB),
+    "huggingface_token": _HUB_TOKEN,
     **dict.fromkeys(("dynamo_mode", "dynamo_use_fullgraph", "dynamo_use_dynamic"),
                     "torch.compile runs with its defaults here (training.compile)"),
     "wandb_api_key": "W&B reads its key from WANDB_API_KEY or `wandb login`; it is not kept "

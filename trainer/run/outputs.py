@@ -49,6 +49,7 @@ def save_checkpoint(s: Any, out: Any, epoch: int, step: int, suffix: str,
     """Save what was trained; suffix ``""`` is the run's final output. With ``progress`` (a
     :class:`trainer.run.state.Progress`) the training state is saved beside it."""
     from trainer.run.failures import disk_full
+    from trainer.run.hub import upload_save
     from trainer.run.keep_last import keep_last
     from trainer.run.state import save_state
 
@@ -69,6 +70,7 @@ def save_checkpoint(s: Any, out: Any, epoch: int, step: int, suffix: str,
     out.log(f"Saved {path}" + (f" and the training state {state}" if state else ""))
     out.emit(Checkpoint(step=step, epoch=epoch, path=str(path),
                         state=str(state) if state else None))
+    upload_save(cfg, path, state, final=not suffix, log=out.log)  # saving.huggingface_repo_id
     keep_last(cfg, suffix, epoch, step, out.log)  # saving.save_last_n_*: now that this is whole
     return path
 

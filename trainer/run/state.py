@@ -142,7 +142,12 @@ def resolve_resume(cfg: TrainConfig) -> Path:
             raise StateError(f"training.resume = 'latest': no complete state in "
                              f"{cfg.saving.output_dir}; turn saving.save_state on to make them")
         return latest
-    folder = Path(value).expanduser()
+    if cfg.saving.resume_from_huggingface:  # sd-scripts' owner/name/<folder>[:rev[:type]]
+        from trainer.run.hub import download_state
+
+        folder = download_state(value)
+    else:
+        folder = Path(value).expanduser()
     if read_progress(folder) is None:
         raise StateError(f"training.resume = {value!r}: not a complete training state (a "
                          f"<name>-step<N>-state folder with {PROGRESS})")

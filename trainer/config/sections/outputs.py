@@ -7,6 +7,7 @@ from typing import Literal, Optional
 from pydantic import model_validator
 
 from trainer.config.sections.base import Section, setting
+from trainer.config.sections.saving_hub import SavingHub
 from trainer.config.sections.saving_parity import SavingParity
 
 
@@ -47,7 +48,7 @@ class SamplingSection(Section):
                                le=2**32 - 1, label="Sample seed")
 
 
-class SavingSection(SavingParity):
+class SavingSection(SavingParity, SavingHub):
     output_dir: str = setting("output", "Folder that receives the trained files.", widget="dir",
                               label="Output folder")
     output_name: str = setting(
