@@ -48,8 +48,20 @@ def base_values(form: Form) -> dict[str, Any]:
     return values
 
 
+# Settings whose valid values a generic rule cannot guess (names, patterns, per-block lists)
+SPECIAL = {"optimizer.optimizer_class": "torch.optim.SGD",
+           "optimizer.lr_scheduler_type": "StepLR",
+           "saving.huggingface_repo_id": "someone/a-lora",
+           "network.down_lr_weight": "cosine", "network.up_lr_weight": "sine+1",
+           "network.mid_lr_weight": "0.5",
+           "network.block_dims": [4] * 25, "network.block_alphas": [2.0] * 25,
+           "network.conv_block_dims": [4] * 25, "network.conv_block_alphas": [2.0] * 25}
+
+
 def other_value(spec: FieldSpec) -> Any:
     """A valid config value different from the default."""
+    if spec.path in SPECIAL:
+        return SPECIAL[spec.path]
     b, default = spec.bounds, spec.default
     if spec.kind == "bool":
         return not default
@@ -91,6 +103,27 @@ COMPANIONS = {"network.conv_alpha": {"network.conv_dim": 4},
               "model.clip_g": {"model.pretrained_model_name_or_path": "embedded:tiny-sd3"},
               "network.train_t5xxl": {"model.pretrained_model_name_or_path": "embedded:tiny-flux",
                                       "network.train_text_encoder": True},
+              # settings that need another to mean anything
+              "dataset.color_aug": {"dataset.cache_latents": False},
+              "training.full_fp16": {"training.mixed_precision": "fp16"},
+              "training.blocks_to_swap": {"training.gradient_checkpointing": True},
+              "network.dim_from_weights": {"network.network_weights": "/tmp/lora.safetensors"},
+              "network.block_alphas": {"network.block_dims": [4] * 25},
+              "network.conv_block_dims": {"network.block_dims": [4] * 25},
+              "network.conv_block_alphas": {"network.block_dims": [4] * 25,
+                                            "network.conv_block_dims": [4] * 25},
+              "optimizer.lr_scheduler_type": {"optimizer.lr_scheduler_args": {"step_size": 2}},
+              **{f"saving.{name}": {"saving.huggingface_repo_id": "someone/a-lora"}
+                 for name in ("async_upload",)},
+              "saving.save_state_to_huggingface": {"saving.huggingface_repo_id": "someone/a-lora",
+                                                   "saving.save_state": True},
+              **{f"saving.save_last_n_{unit}{state}": {f"saving.save_every_n_{unit}": 1,
+                                                      "saving.save_state": True}
+                 for unit in ("epochs", "steps") for state in ("", "_state")},
+              **{f"network.{name}": {"network.network_type": "boft"}
+                 for name in ("constraint", "rescaled")},
+              **{f"network.{name}": {"network.network_type": "loha"}
+                 for name in ("bypass_mode", "lycoris_preset")},
               # LyCORIS options: refused for a network_type that does not read them
               **{f"network.{name}": {"network.network_type": "lokr"}
                  for name in ("factor", "decompose_both", "use_tucker", "use_scalar",
@@ -336,7 +369,7 @@ def test_search_finds_fields_by_label_key_or_help(tabs):
     specs = list(form.specs.values())
     assert {"training.min_snr_gamma", "training.zero_terminal_snr"} <= search(specs, "snr")
     assert search(specs, "SNR gamma") == {"training.min_snr_gamma"}  # every word must match
-    assert search(specs, "warm-up") == {"optimizer.lr_warmup_steps"}  # by its label
+    assert search(specs, "warm-up fraction") == {"optimizer.lr_warmup_ratio"}  # by its label
     assert "network.network_dim" in search(specs, "network_dim")  # by its key
     assert "network.network_alpha" in search(specs, "scaled by")  # by its help
     assert search(specs, "  ") == set(form.specs)

@@ -332,7 +332,9 @@ def test_check_dataset_shows_the_toml_dataset(tmp_path):
     assert "**4 training images x repeats = 7 samples per epoch**" in text
     assert "plus **6 regularization samples** from 2" in text and "| 128x64 | 1 |" in text
     broken = check_dataset(config(write(tmp_path, "[[datasets]]\nflip = 1\n")))
-    assert "The dataset cannot be used" in broken and "datasets[0].flip: unknown key" in broken
+    # shown as Markdown text: the brackets are escaped so that no link can form
+    assert "The dataset cannot be used" in broken and "datasets&#91;0&#93;.flip: unknown key" \
+        in broken
 
 
 def test_two_steps_of_training_from_a_dataset_toml_with_a_reg_subset(tmp_path):
