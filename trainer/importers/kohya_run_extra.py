@@ -17,6 +17,7 @@ RUN_DIRECT: dict[str, tuple[str, Any]] = {
     "full_fp16": ("training.full_fp16", c.to_bool),
     "log_tracker_name": ("training.log_tracker_name", c.to_text),
     "wandb_run_name": ("training.wandb_run_name", c.to_text),
+    "log_tracker_config": ("training.log_tracker_config", c.to_text),
     # the Hub upload (trainer/run/hub.py); the token stays out of the config (kohya_table)
     "huggingface_repo_id": ("saving.huggingface_repo_id", c.to_text),
     "huggingface_repo_type": ("saving.huggingface_repo_type",

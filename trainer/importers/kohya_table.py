@@ -238,8 +238,6 @@ NOT_SUPPORTED: dict[str, str] = {
     **dict.fromkeys(("fused_backward_pass", "fused_optimizer_groups",
                      "blockwise_fused_optimizers"), "fused optimizer steps"),
     "train_inpainting": "inpainting models",
-    "log_tracker_config": "a TOML of tracker arguments; the W&B project and run name are "
-                          "training.log_tracker_name and wandb_run_name",
     "fp8_base": "fp8 base weights (issue 19, not in this version)",
     "dataset_repeats": "repeats come from the N_ prefix of the concept folders",
     "rank_dropout_scale": "LyCORIS rank-dropout scaling",

@@ -30,14 +30,36 @@ def project_name(cfg: Any) -> str:
 
 
 def init_kwargs(cfg: Any, log_dir: Path) -> dict[str, dict[str, Any]]:
-    """Per-tracker arguments of ``init_trackers``: W&B's run name and its folder."""
-    if "wandb" not in (TRACKERS[cfg.training.log_with] or []):
+    """Per-tracker arguments of ``init_trackers``: W&B's run name and its folder, then the
+    tables of training.log_tracker_config over them."""
+    out: dict[str, dict[str, Any]] = {}
+    if "wandb" in (TRACKERS[cfg.training.log_with] or []):
+        log_dir.mkdir(parents=True, exist_ok=True)  # wandb falls back to a temp dir otherwise
+        out["wandb"] = {"dir": str(log_dir)}
+        if cfg.training.wandb_run_name:
+            out["wandb"]["name"] = cfg.training.wandb_run_name
+    for tracker, values in tracker_config(cfg.training.log_tracker_config).items():
+        out[tracker] = {**out.get(tracker, {}), **values}
+    return out
+
+
+def tracker_config(path: Optional[str]) -> dict[str, dict[str, Any]]:
+    """sd-scripts' --log_tracker_config: a TOML of one table of init arguments per tracker;
+    ValueError naming training.log_tracker_config when it cannot be read."""
+    import tomllib
+
+    if not path:
         return {}
-    log_dir.mkdir(parents=True, exist_ok=True)  # wandb falls back to a temp dir otherwise
-    wandb: dict[str, Any] = {"dir": str(log_dir)}
-    if cfg.training.wandb_run_name:
-        wandb["name"] = cfg.training.wandb_run_name
-    return {"wandb": wandb}
+    where = f"training.log_tracker_config = {path!r}"
+    try:
+        data = tomllib.loads(Path(path).expanduser().read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(f"{where}: cannot read it as TOML ({exc})") from None
+    flat = [k for k, v in data.items() if not isinstance(v, dict)]
+    if flat:
+        raise ValueError(f"{where}: {', '.join(flat)} must be inside a table named after its "
+                         f"tracker ([wandb], [tensorboard])")
+    return data
 
 
 def wandb_problem() -> Optional[str]:

@@ -39,6 +39,12 @@ class TrainingParity(Section):
         None, "Name of the W&B run (sd-scripts' --wandb_run_name); unset: W&B picks one.",
         advanced=True, label="W&B run name",
     )
+    log_tracker_config: Optional[str] = setting(
+        None, "A TOML file of tracker init arguments, one table per tracker ([wandb] tags, "
+        "notes, entity...; [tensorboard] flush_secs...), passed to accelerate's init_trackers "
+        "(sd-scripts' --log_tracker_config); its values win over the W&B run name and folder.",
+        advanced=True, widget="file", label="Tracker arguments file",
+    )
     full_fp16: bool = setting(
         False, "Keep the trained weights in fp16 too, with the loss scaler of fp16 mixed "
         "precision unscaling fp16 gradients (sd-scripts' --full_fp16); needs mixed_precision "
