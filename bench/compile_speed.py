@@ -1,10 +1,14 @@
 """torch.compile of the UNet (training.compile) against eager, on this machine.
 
     python bench/compile_speed.py [--model embedded:tiny-sd15] [--steps 40] [--resolution 64]
+                                  [--scopes eager,model,regional]
 
 Trains a LoRA (rank 8, batch 1, fp32 on the CPU, the device's default precision elsewhere)
-twice in fresh processes, eager then compiled, and prints the time from run() to the end of the
-first step (the compile happens there) and the seconds per step after 10 untimed steps.
+in fresh processes, eager, the whole UNet compiled (training.compile_scope = "model") and its
+repeated blocks compiled (compile_scope = "regional"), and prints the time from run() to the end
+of the first step (the compile happens there), the seconds per step after 10 untimed steps and
+the run length after which the compiled run has caught up with eager (the extra first-step time
+over the time saved per step).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from childproc import ROOT, StepTimes, parse_or_run_child, run_child
 WARMUP = 10
 
 
-def _case(model: str, steps: int, resolution: int, compiled: bool, out: str) -> dict:
+def _case(model: str, steps: int, resolution: int, scope: str, out: str) -> dict:
     sys.path.insert(0, str(ROOT))
     from trainer.config.files import from_dict
     from trainer.run.loop import run
@@ -29,7 +33,8 @@ def _case(model: str, steps: int, resolution: int, compiled: bool, out: str) -> 
         "model": {"pretrained_model_name_or_path": model},
         "dataset": {"resolution": resolution, "enable_bucket": False},
         "network": {"network_dim": 8, "network_alpha": 8.0},
-        "training": {"max_train_steps": steps, "log_with": "none", "compile": compiled},
+        "training": {"max_train_steps": steps, "log_with": "none", "compile": scope != "eager",
+                     "compile_scope": "model" if scope == "eager" else scope},
         "saving": {"output_dir": out},
     })
     sink, start = StepTimes(), time.perf_counter()
@@ -45,15 +50,25 @@ def main() -> None:
     parser.add_argument("--model", default="embedded:tiny-sd15")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--resolution", type=int, default=64)
+    parser.add_argument("--scopes", default="eager,model,regional")
     args = parse_or_run_child(parser, _case)
     os.environ["KOHYA_STUDIO_HOME"] = tempfile.mkdtemp(prefix="bench-home-")
     print(f"{args.model}, LoRA rank 8, {args.resolution} px, batch 1, {args.steps} steps")
-    print(f"{'run':<10}{'run() -> step 1 (s)':>22}{'s/step':>10}")
-    for compiled in (False, True):
-        r = run_child(__file__, [args.model, args.steps, args.resolution, compiled,
+    print(f"load: {os.getloadavg()}")
+    print(f"{'run':<10}{'run() -> step 1 (s)':>22}{'s/step':>10}{'pays after (steps)':>20}")
+    eager = None
+    for scope in args.scopes.split(","):
+        r = run_child(__file__, [args.model, args.steps, args.resolution, scope,
                                  tempfile.mkdtemp(prefix="bench-out-")])
-        name = "compiled" if compiled else "eager"
-        print(f"{name:<10}{r['first_step_s']:>22.1f}{r['s_per_step']:>10.4f}")
+        eager = r if scope == "eager" else eager
+        pays = ""
+        if eager is not None and scope != "eager":
+            saved = eager["s_per_step"] - r["s_per_step"]
+            extra = r["first_step_s"] - eager["first_step_s"]
+            pays = f"{extra / saved:.0f}" if saved > 0 else "never"
+        print(f"{scope:<10}{r['first_step_s']:>22.1f}{r['s_per_step']:>10.4f}{pays:>20}",
+              flush=True)
+    print(f"load: {os.getloadavg()}")
 
 
 if __name__ == "__main__":

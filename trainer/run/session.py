@@ -263,6 +263,13 @@ def _compile(s: Session, out: Reporter) -> None:
     problem = compile_problem(s.device_info.backend)
     if problem:
         raise CompileUnavailable(f"training.compile is on, but {problem}")
+    if s.cfg.training.compile_scope == "regional":  # issue 20: one block of each kind
+        from trainer.run.regional_compile import compile_regional
+
+        count = compile_regional(s.model.unet, compile_options())
+        out.log(f"{count} repeated blocks compiled with torch.compile (regional): the first "
+                f"steps wait for the compiler")
+        return
     s.model.unet.compile(**compile_options())
     out.log("UNet compiled with torch.compile: the first steps wait for the compiler")
 

@@ -54,6 +54,13 @@ class TrainingSection(TrainingParity):
         "backend (see bench/compile_speed.py for this machine's figures).", advanced=True,
         label="Compile the UNet (torch.compile)",
     )
+    compile_scope: Literal["model", "regional"] = setting(
+        "model", "What training.compile compiles: the whole UNet / transformer, or 'regional': "
+        "one of each repeated block (the transformer blocks), reused for every copy, the rest "
+        "eager; it compiles in a fraction of the time and pays after fewer steps (README "
+        "'Speed').", advanced=True,
+        label="Compile scope",
+    )
     seed: int = setting(42, "Random seed.", ge=0, le=2**32 - 1, label="Seed")
     zero_terminal_snr: bool = setting(
         False, "Rescale the noise schedule to zero terminal SNR (Lin et al. 2024); for "
