@@ -48,6 +48,7 @@ def test_a_computed_tensor_falls_back_to_the_whole_dict(sd1, monkeypatch):
     folder, modules, path = sd1
     real = streamed_load._resolve_check
     monkeypatch.setattr(streamed_load, "_resolve_check", lambda v, ids: True)
+    monkeypatch.setattr(streamed_load.Recorder, "knows", lambda self, v: False)
     model = load(path, folder)
     assert_same_weights(model, modules, lambda t: t.half().float())
     monkeypatch.setattr(streamed_load, "_resolve_check", real)
@@ -64,3 +65,41 @@ def test_a_view_of_a_file_tensor_reads_as_the_same_view(tmp_path):
     for view in (lambda t: t[:, 1], lambda t: t.transpose(0, 2), lambda t: t.reshape(6, 4)):
         assert torch.equal(streamed_load._resolve(view(meta["w"]), ids, reader), view(weight))
     assert streamed_load._resolve_check(meta["w"] * 2, ids)
+
+
+@pytest.mark.parametrize("family", ["sd2", "sdxl"])
+def test_openclip_text_encoders_stream_with_the_same_weights(tmp_path, family, monkeypatch):
+    """SD 2.x's OpenCLIP and SDXL's bigG: q/k/v cut from in_proj_weight with clone() and the
+    transposed projection are rebuilt from the file tensor, bit for bit (issue 20)."""
+    parts = BUILDERS[family]()
+    modules = {k: randomize(parts[k], i) for i, k in enumerate(MODULES) if k in parts}
+    folder = save_tiny_model(tmp_path / family, family=family)
+    path = write(tmp_path / "half.safetensors", family, modules, torch.float16)
+    monkeypatch.setattr(single_file.Checkpoint, "take",
+                        lambda self, prefix: pytest.fail(f"{prefix} read as a whole dict"))
+    replayed = []
+    real_replay = streamed_load.Recorder.replay
+    monkeypatch.setattr(streamed_load.Recorder, "replay", lambda self, v, read: (
+        replayed.append(tuple(v.shape)) or real_replay(self, v, read)))
+    model = load(path, folder)
+    assert_same_weights(model, modules, lambda t: t.half().float())
+    assert replayed  # the OpenCLIP encoder's computed tensors were streamed, not the dict
+
+
+def test_a_recipe_replays_clone_and_contiguous_on_the_real_tensor(tmp_path):
+    from safetensors.torch import save_file
+
+    weight = torch.randn(6, 4).half()
+    save_file({"w": weight}, str(tmp_path / "f.safetensors"))
+    reader = streamed_load.SafetensorsReader(tmp_path / "f.safetensors")
+    meta = reader.meta(["w"])
+    ids = {id(meta["w"]): "w"}
+    recorder = streamed_load.Recorder(set(ids))
+    with recorder:
+        q = meta["w"][:2, :].clone().detach()
+        proj = meta["w"].T.contiguous()
+        scaled = meta["w"] * 2
+    for value, expected in ((q, weight[:2]), (proj, weight.T.contiguous()),
+                            (scaled, weight * 2)):
+        real = streamed_load._resolve(value, ids, reader, recorder)
+        assert torch.equal(real, expected) and real.dtype == torch.float16

@@ -10,7 +10,9 @@ each converted tensor is a source tensor or a view of one. Where diffusers would
 converted dict into the meta-built model, :func:`streamed` hands it over a group at a time,
 each read from the file with plain reads (no mapping), resolved to the same view, and let go.
 
-A converted tensor that is neither (a new tensor computed from several) makes
+A tensor the conversion computes from one file tensor (OpenCLIP's q/k/v split with
+``clone()``, its transposed projection) is rebuilt by replaying the recorded calls on the real
+tensor (trainer/models/meta_recipes.py). A converted tensor that is none of these makes
 :class:`NotStreamable` so that the caller loads that component the old way.
 """
 
@@ -22,9 +24,11 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
+
+from trainer.models.meta_recipes import Recorder
 
 GROUP_BYTES = 64 * 2**20  # tensors handed over together (the UNet's largest is 13 MiB in fp16)
 DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
@@ -74,8 +78,10 @@ class SafetensorsReader:
         return torch.frombuffer(buffer, dtype=dtype).reshape(shape)
 
 
-def _resolve(value: Any, sources: dict[int, str], reader: SafetensorsReader) -> Any:
-    """The real tensor for a converted entry: a source, a view of one, or already real."""
+def _resolve(value: Any, sources: dict[int, str], reader: SafetensorsReader,
+             recorder: Optional[Recorder] = None) -> Any:
+    """The real tensor for a converted entry: a source, a view of one, one computed from a
+    source (replayed), or already real."""
     if not isinstance(value, torch.Tensor) or value.device.type != "meta":
         return value
     if id(value) in sources:
@@ -84,6 +90,13 @@ def _resolve(value: Any, sources: dict[int, str], reader: SafetensorsReader) -> 
     if base is not None and id(base) in sources:
         real = reader.read(sources[id(base)])
         return torch.as_strided(real, value.size(), value.stride(), value.storage_offset())
+    if recorder is not None and recorder.knows(value):
+        try:
+            return recorder.replay(value, lambda i: reader.read(sources[i]) if i in sources
+                                   else None)
+        except KeyError:
+            raise NotStreamable("a converted tensor is computed from more than the file's "
+                                "tensors") from None
     raise NotStreamable("a converted tensor is computed, not a view of the file's tensors")
 
 
@@ -108,13 +121,19 @@ def streamed(reader: SafetensorsReader, sources: dict[str, torch.Tensor]) -> Ite
 
     by_id = {id(t): k for k, t in sources.items()}
     original = single_file_utils.load_model_dict_into_meta
+    recorder = Recorder(set(by_id))  # what the conversion computes from the file's tensors
 
     def load(model: Any, state_dict: dict[str, Any], *args: Any, **kwargs: Any) -> list[str]:
-        if any(_resolve_check(v, by_id) for v in state_dict.values()):
+        if any(_resolve_check(v, by_id) and not recorder.knows(v) for v in state_dict.values()):
             raise NotStreamable("a converted tensor is computed, not a view of the file's")
         kwargs.pop("unexpected_keys", None)
-        for group in _groups(state_dict):
-            original(model, {n: _resolve(v, by_id, reader) for n, v in group}, *args, **kwargs)
+        recorder.active = False
+        try:
+            for group in _groups(state_dict):
+                original(model, {n: _resolve(v, by_id, reader, recorder) for n, v in group},
+                         *args, **kwargs)
+        finally:
+            recorder.active = True
         return []
 
     with _PATCH_LOCK:
@@ -122,7 +141,8 @@ def streamed(reader: SafetensorsReader, sources: dict[str, torch.Tensor]) -> Ite
         single_file_model.load_model_dict_into_meta = load
         single_file_utils.load_model_dict_into_meta = load
         try:
-            yield
+            with recorder:
+                yield
         finally:
             single_file_model.load_model_dict_into_meta = saved
             single_file_utils.load_model_dict_into_meta = original
