@@ -211,8 +211,8 @@ def test_keep_tokens_separator_and_dropout_every_n_epochs(tmp_path):
     ('[[datasets]]\n[[datasets.subsets]]\nimage_dir = "cats"\nmetadata_file = "m.json"',
      "datasets[0].subsets[0].metadata_file: an sd-scripts option that this trainer does not "
      "support (fine-tuning subsets"),
-    ('[general]\ncolor_aug = true\n[[datasets]]\n[[datasets.subsets]]\nimage_dir = "cats"',
-     "general.color_aug: an sd-scripts option that this trainer does not support"),
+    ('[general]\ntoken_warmup_step = 1\n[[datasets]]\n[[datasets.subsets]]\nimage_dir = "cats"',
+     "general.token_warmup_step: an sd-scripts option that this trainer does not support"),
     ('[[datasets]]\n[[datasets.subsets]]\nimage_dir = "cats"\nbatch_size = 2',
      "datasets[0].subsets[0].batch_size: a per-dataset option"),
     ('[general]\nimage_dir = "cats"\n[[datasets]]\n[[datasets.subsets]]\nimage_dir = "cats"',
@@ -376,3 +376,29 @@ def test_the_advisor_sees_a_subset_folder_change(tmp_path):
     before = step_arithmetic(config(toml)).images
     picture(tmp_path / "cats" / "new.png", caption="cat, new", shade=60)
     assert (before, step_arithmetic(config(toml)).images) == (2, 3)
+
+
+def test_color_aug_per_subset_changes_only_that_subsets_pixels_and_refuses_the_cache(tmp_path):
+    """sd-scripts reads color_aug per subset (or dataset, or [general]) like flip_aug: the
+    images of that subset get a colour draw every step, the others none; the latent cache,
+    which would freeze the colours, is refused naming the subset."""
+    folders(tmp_path)
+    toml = write(tmp_path, """
+[[datasets]]
+  [[datasets.subsets]]
+  image_dir = "cats"
+  color_aug = true
+  [[datasets.subsets]]
+  image_dir = "dogs"
+""")
+    data = prepared(toml, cache_latents=False)
+    colored = {e.path.name: data._color_aug(i) for i, e in enumerate(data.entries)}
+    assert colored == {"a.png": True, "b.png": True, "c.png": False}
+    with pytest.raises(ValueError, match=r"color_aug in datasets\[0\]\.subsets\[0\] of "
+                                         r"dataset\.dataset_config cannot be used with "
+                                         r"dataset\.cache_latents"):
+        data.cache_latents(lambda px: px[:, :1], "fake", to_disk=False)
+    bad = write(tmp_path, "[[datasets]]\ncolor_aug = 3\n  [[datasets.subsets]]\n"
+                          "  image_dir = \"cats\"\n")
+    with pytest.raises(Exception, match=r"datasets\[0\]\.color_aug"):
+        prepared(bad, cache_latents=False)

@@ -136,6 +136,10 @@ class TrainingData:
         option = self._options[index]
         return option.flip_aug if option else self.flip_aug
 
+    def _color_aug(self, index: int) -> bool:
+        option = self._options[index]
+        return option.color_aug if option else self.color_aug
+
     def _random_crop(self, index: int) -> bool:
         option = self._options[index]
         return option.random_crop if option else self.random_crop
@@ -167,6 +171,11 @@ class TrainingData:
         when ``to_disk``. Returns how many images were encoded (0 when the disk cache is valid)."""
         if any(self._random_crop(i) for i in range(len(self.entries))):
             raise ValueError(random_crop_conflict())
+        colored = next((o.where for o in self._options if o and o.color_aug), None)
+        if colored is not None:  # a dataset TOML's subset; dataset.color_aug is refused at load
+            raise ValueError(f"color_aug in {colored} of dataset.dataset_config cannot be used "
+                             f"with dataset.cache_latents: the colours change at every step and "
+                             f"the cache would encode them once; turn one of them off")
         jobs = []
         for index, entry in enumerate(self.entries):
             resized, box = self._geometry(index, None)
@@ -240,7 +249,7 @@ class TrainingData:
         flips = [self._flip_aug(i) and rng.random() < 0.5 for i in indices]
         weights = [self.prior_loss_weight if e.is_reg else 1.0 for e in entries]
         geometry = [self._geometry(i, rng if self._random_crop(i) else None) for i in indices]
-        colors = [color_aug.draw(rng) if self.color_aug else None for _ in indices]
+        colors = [color_aug.draw(rng) if self._color_aug(i) else None for i in indices]
         if rows is not None:  # one process's rows; the draws above were the whole batch's
             size, keep = len(indices), rows or range(1)  # none: a placeholder of weight 0
             indices, entries, captions, flips, geometry, colors = (

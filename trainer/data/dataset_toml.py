@@ -36,18 +36,18 @@ DATASET_KEYS = ("batch_size", "resolution", "enable_bucket", "min_bucket_reso",
 SHARED_KEYS = ("num_repeats", "class_tokens", "caption_extension", "shuffle_caption",
                "keep_tokens", "keep_tokens_separator", "caption_prefix", "caption_suffix",
                "caption_dropout_rate", "caption_tag_dropout_rate",
-               "caption_dropout_every_n_epochs", "flip_aug", "random_crop", "cache_info")
+               "caption_dropout_every_n_epochs", "flip_aug", "color_aug", "random_crop",
+               "cache_info")
 # Options of one subset only.
 SUBSET_KEYS = ("image_dir", "is_reg", "alpha_mask", "conditioning_data_dir")
 # The run's ``dataset`` section fields that a subset or dataset inherits when the TOML is silent.
 FROM_SECTION = ("caption_extension", "shuffle_caption", "keep_tokens", "caption_prefix",
                 "caption_suffix", "caption_dropout_rate", "caption_tag_dropout_rate", "flip_aug",
-                "random_crop", "resolution", "enable_bucket", "min_bucket_reso",
+                "color_aug", "random_crop", "resolution", "enable_bucket", "min_bucket_reso",
                 "max_bucket_reso", "bucket_reso_steps", "bucket_no_upscale", "alpha_mask")
 UNSUPPORTED = {  # sd-scripts' options that this trainer does not have, and what to do instead
     "metadata_file": "fine-tuning subsets (a metadata JSON); use image_dir with caption files "
                      "beside the images",
-    "color_aug": "color augmentation; remove it",
     "face_crop_aug_range": "face-crop augmentation; remove it",
     "caption_separator": "captions are always split at commas; remove it",
     "secondary_separator": "secondary separators; remove it",
@@ -243,7 +243,7 @@ def _subset(where: str, levels: list[dict[str, Any]], index: int, spec: BucketSp
         keep_tokens_separator=get("keep_tokens_separator"),
         dropout_every_n_epochs=get("caption_dropout_every_n_epochs") or None)
     mask_dir = levels[0].get("conditioning_data_dir")
-    options = SubsetOptions(caption, spec, flip_aug=get("flip_aug"),
+    options = SubsetOptions(caption, spec, flip_aug=get("flip_aug"), color_aug=get("color_aug"),
                             random_crop=get("random_crop"), dataset=index, where=where,
                             alpha_mask=bool(get("alpha_mask", False)),
                             mask_dir=_folder(base, mask_dir) if mask_dir else None)

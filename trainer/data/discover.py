@@ -33,6 +33,7 @@ class SubsetOptions:
     caption: CaptionOptions
     spec: BucketSpec
     flip_aug: bool = False
+    color_aug: bool = False  # sd-scripts' colour augmentation (trainer/data/color_aug.py)
     random_crop: bool = False
     dataset: int = 0  # which [[datasets]] entry: reg samples are matched per dataset
     where: str = ""  # e.g. "datasets[0].subsets[1]", for messages
