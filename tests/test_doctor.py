@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from fnmatch import fnmatch
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -275,4 +276,42 @@ def test_lists_the_families_a_single_file_loads_offline(capsys, tmp_path, monkey
     code, out = run_main(capsys, fake_probes())
     for label in ("SD 1.x", "SD 2.x", "SDXL"):
         assert f"    {label:<18}ready, tokenizer from the Hugging Face cache ({CLIP_L})\n" in out
+    assert out.rstrip().endswith("Result: the device works.")
+
+
+def test_lists_the_flow_families_tokenizers_clip_and_t5(capsys, tmp_path, monkeypatch):
+    """FLUX.1 and SD 3.x rows beside the CLIP ones: each encoder's tokenizer (CLIP-L, CLIP-G,
+    T5) in the Hugging Face cache, or the one command that fetches what is missing."""
+    import huggingface_hub.constants
+
+    from trainer.models.flow_tokenizers import SCHNELL, T5_FETCH
+    from trainer.models.tiny import write_tokenizer_files
+    from trainer.models.tiny_flow import build_t5_tokenizer
+    from trainer.models.tokenizers import CLIP_L, FETCH
+
+    def cached(repo: str) -> Path:
+        folder = tmp_path / ("models--" + repo.replace("/", "--"))
+        (folder / "refs").mkdir(parents=True, exist_ok=True)
+        (folder / "refs" / "main").write_text("a" * 40)
+        return folder / "snapshots" / ("a" * 40)
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    code, out = run_main(capsys, fake_probes())
+    assert code == 0
+    assert (f"    {'FLUX.1':<18}CLIP-L tokenizer not found: {FETCH}; "
+            f"T5 tokenizer not found: {T5_FETCH}\n") in out
+    assert (f"    {'SD 3 / 3.5':<18}CLIP-L, CLIP-G tokenizer not found: {FETCH}; "
+            f"T5 tokenizer not found: {T5_FETCH}\n") in out
+
+    write_tokenizer_files(cached(CLIP_L))  # CLIP's vocabulary serves CLIP-L and CLIP-G
+    code, out = run_main(capsys, fake_probes())
+    clip = f"from the Hugging Face cache ({CLIP_L})"
+    assert f"    {'FLUX.1':<18}T5 tokenizer not found: {T5_FETCH}; CLIP-L {clip}\n" in out
+    assert f"    {'SDXL':<18}ready, tokenizer {clip}\n" in out
+
+    build_t5_tokenizer().save_pretrained(cached(SCHNELL) / "tokenizer_2")
+    code, out = run_main(capsys, fake_probes())
+    t5 = f"T5 from the Hugging Face cache ({SCHNELL}/tokenizer_2)"
+    assert f"    {'FLUX.1':<18}ready, CLIP-L {clip}; {t5}\n" in out
+    assert f"    {'SD 3 / 3.5':<18}ready, CLIP-L {clip}; CLIP-G {clip}; {t5}\n" in out
     assert out.rstrip().endswith("Result: the device works.")

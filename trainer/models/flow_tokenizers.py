@@ -173,3 +173,32 @@ def load_flow_tokenizers(family: str, setting: Optional[str], checkpoint: Option
             pad = OPEN_CLIP_PAD if encoder == "clip_g" else CLIP_L_PAD
             out[slot] = tokenizers.load(found, pad)
     return out
+
+
+FAMILY_LABELS = {"flux": "FLUX.1", "sd3": "SD 3 / 3.5"}
+ENCODER_LABELS = {"clip_l": "CLIP-L", "clip_g": "CLIP-G", "t5xxl": "T5"}
+
+
+def cache_report(cache_dir: Optional[str] = None) -> list[tuple[str, str]]:
+    """(family label, where its tokenizers are) for the doctor: the HF cache only, per encoder
+    of FLUX.1 (CLIP-L, T5) and SD 3.x (CLIP-L, CLIP-G, T5); the missing ones with the command
+    that fetches them (one CLIP-L download serves CLIP-G too: the same vocabulary)."""
+    rows = []
+    for kind, label in FAMILY_LABELS.items():
+        found: list[str] = []
+        missing: dict[str, list[str]] = {}  # fetch command -> encoders it serves
+        for encoder in slots(kind).values():
+            where = _in_cache(encoder, cache_dir)
+            name = ENCODER_LABELS[encoder]
+            if where is None:
+                fetch = T5_FETCH if encoder == "t5xxl" else tokenizers.FETCH
+                missing.setdefault(fetch, []).append(name)
+            else:
+                found.append(f"{name} from the {where.where}")
+        if missing:
+            rows.append((label, "; ".join(
+                [f"{', '.join(names)} tokenizer not found: {fetch}"
+                 for fetch, names in missing.items()] + found)))
+        else:
+            rows.append((label, "ready, " + "; ".join(found)))
+    return rows

@@ -12,4 +12,7 @@ options and print or show the same report.
     caption   trainer.tools.caption      captions with a transformers image-to-text model
     tag       trainer.tools.caption      tags with a WD14-style ONNX tagger
     doctor    trainer.tools.doctor       what torch sees, whether the device computes, what to fix
+
+inspect, merge, resize and extract read and write the SD families' files and FLUX.1's and
+SD 3.5's in their own forms (trainer/tools/flow_targets.py, fused.py, flow_extract.py).
 """

@@ -12,7 +12,9 @@ mismatches people hit most, each as a sentence plus what to do:
 5. a ROCm build of torch where no AMD GPU is usable.
 
 Last, per family, whether a single checkpoint file loads offline: its CLIP tokenizer in the
-Hugging Face cache, or the command that fetches it (:mod:`trainer.models.tokenizers`).
+Hugging Face cache, or the command that fetches it (:mod:`trainer.models.tokenizers`); for
+FLUX.1 and SD 3.x each of their tokenizers (CLIP-L, CLIP-G, T5's:
+:mod:`trainer.models.flow_tokenizers`).
 
 Every look at the system goes through :class:`~trainer.system.probes.Probes`, so tests can
 simulate each machine.
@@ -239,10 +241,10 @@ def build_report(probes: Optional[Probes] = None, torch_module: Any = None) -> R
     info = detect(torch_module)
     matmul = run_matmul(info, torch_module)
     facts = gather_facts(probes or Probes())
-    from trainer.models.tokenizers import cache_report
+    from trainer.models import flow_tokenizers, tokenizers
 
-    return Report(info, matmul, facts, tuple(diagnose(info, matmul, facts)),
-                  tuple(cache_report()))
+    models = tokenizers.cache_report() + flow_tokenizers.cache_report()
+    return Report(info, matmul, facts, tuple(diagnose(info, matmul, facts)), tuple(models))
 
 
 def render(report: Report) -> str:

@@ -15,6 +15,9 @@ A text encoder whose weights changed by no more than ``min_diff`` anywhere is le
 not trained); the UNet is always extracted. The file gets sd-scripts' minimum ``ss_*``
 metadata, ``modelspec.*`` and fresh hashes, under the names :mod:`trainer.export.lora` writes,
 which diffusers' ``load_lora_weights``, ComfyUI and AUTOMATIC1111 read.
+
+FLUX.1 and SD 3.5 models (a diffusers folder, or a single file the loader reads) give their
+family's LoRA: its layers and its file form (:mod:`trainer.tools.flow_extract`).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from trainer.tools.common import (
     model_modelspec,
     no_progress,
 )
+from trainer.tools.flow_targets import FLOW_FAMILIES
 from trainer.tools.options import ExtractOptions
 from trainer.tools.targets import Target, matches, model_targets
 
@@ -53,7 +57,7 @@ class ExtractReport:
     save_to: str
     family: str
     modules: list[ExtractedModule]
-    skipped: list[str]  # text encoders left out, with the reason
+    skipped: list[str]  # text encoders (FLUX.1 / SD 3.5: unchanged layers) left out, and why
     seconds: float
 
 
@@ -148,7 +152,13 @@ def extract(opts: ExtractOptions, progress: Progress = no_progress) -> ExtractRe
     started = time.perf_counter()
     progress(0, 1, "loading the models")
     base = load_model(opts.base, opts.config_dir)
-    pairs = layer_pairs(base, load_model(opts.tuned, opts.config_dir), opts)
+    tuned = load_model(opts.tuned, opts.config_dir)
+    if base.version != tuned.version:
+        raise ToolError(f"the base model is {base.version} and the tuned one {tuned.version}: "
+                        f"a LoRA is extracted from a fine-tune of the base model")
+    if base.version in FLOW_FAMILIES:
+        return _extract_flow(opts, base, tuned, progress, started)
+    pairs = layer_pairs(base, tuned, opts)
     skip = unchanged_encoders(pairs, opts.min_diff)
     pairs = [p for p in pairs if p[0].part not in skip]
     dtype, tensors, modules = DTYPES[opts.precision], {}, []
@@ -169,11 +179,29 @@ def extract(opts: ExtractOptions, progress: Progress = no_progress) -> ExtractRe
                          time.perf_counter() - started)
 
 
+def _extract_flow(opts: ExtractOptions, base: Any, tuned: Any, progress: Progress,
+                  started: float) -> ExtractReport:
+    """FLUX.1 / SD 3.5: the family's layers and file form (:mod:`trainer.tools.flow_extract`)."""
+    from trainer.tools.flow_extract import flow_lora_tensors, save_flow_extract
+
+    if opts.conv_rank:
+        raise ToolError("conv_rank: FLUX.1 and SD 3.5 LoRAs have no convolution layers; leave "
+                        "it unset")
+    tensors, found, skipped = flow_lora_tensors(base, tuned, opts.rank, opts.min_diff,
+                                                opts.clamp_quantile, DTYPES[opts.precision],
+                                                progress)
+    save_flow_extract(base, opts, tensors)
+    return ExtractReport(opts.save_to, base.version, [ExtractedModule(*m) for m in found],
+                         skipped, time.perf_counter() - started)
+
+
 def format_extract(report: ExtractReport) -> str:
     kept = [m.fro_kept for m in report.modules] or [1.0]
     parts: dict[str, int] = {}
     for m in report.modules:
-        part = "UNet" if m.name.startswith("lora_unet_") else "text encoder"
+        denoiser = m.name.startswith(("lora_unet_", "lora_transformer_"))
+        part = ("transformer" if report.family in FLOW_FAMILIES else "UNet") if denoiser \
+            else "text encoder"
         parts[part] = parts.get(part, 0) + 1
     lines = [f"Extracted {len(report.modules)} modules ("
              + ", ".join(f"{n} {p}" for p, n in parts.items()) + f") from a {report.family} "

@@ -20,7 +20,9 @@ and the update of the module's weight (:meth:`LoraModule.delta`) is
 
 A missing alpha means alpha = r (scale 1), as sd-scripts reads it. diffusers' peft format
 (``unet.<path>.lora_A.weight`` / ``lora_B``, ``text_encoder.<path>...``) is read too, under the
-kohya names of the same modules, with scale 1.
+kohya names of the same modules, with scale 1; such a module keeps its key prefix
+(``peft_key``), so that a tool writes it back in the form it was read (SD 3.5's
+``transformer.*`` files: :mod:`trainer.export.sd3_lora`).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class LoraModule:
 
     name: str
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    peft_key: str = ""  # read from the peft form: its key prefix (``transformer.<path>``)
 
     @property
     def kind(self) -> str:
@@ -201,7 +204,11 @@ def group_modules(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, LoraModul
             unknown.append(key)
             continue
         module, suffix = split
-        modules.setdefault(module, LoraModule(module)).tensors[suffix] = tensor
+        entry = modules.setdefault(module, LoraModule(module))
+        entry.tensors[suffix] = tensor
+        for peft in PEFT_SUFFIXES:
+            if key.endswith("." + peft):
+                entry.peft_key = key[: -len(peft) - 1]
     return modules, unknown
 
 

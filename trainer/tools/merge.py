@@ -7,6 +7,12 @@ fp32 and stored in the model's dtype. This is what sd-scripts' ``merge_lora.py``
 ``fuse_lora`` do; the update is computed here, not through diffusers, so that LyCORIS files merge
 too and so that the tests can hold the result to diffusers' loader as an independent reference.
 
+FLUX.1 and SD 3.5 bases (a diffusers folder, or a single file the loader reads) take their
+families' LoRA files: FLUX.1's kohya keys on BFL's layout, whose fused layers add their rows to
+diffusers' split ones, SD 3.5's ``transformer.*`` and sd-scripts' SD3 keys, diffusers' form of
+either (:mod:`trainer.tools.flow_targets`); they are saved as their pipeline folder and / or one
+file in the family's original layout (:mod:`trainer.export.flow_checkpoint`).
+
 The checkpoint is written in the original single-file layout (:mod:`trainer.export.checkpoint`)
 with ``modelspec.*`` metadata whose ``merged_from`` lists the base and the LoRAs (with their
 weights), as sd-scripts fills it.
@@ -29,9 +35,10 @@ from trainer.tools.common import (
     model_modelspec,
     no_progress,
 )
+from trainer.tools.flow_targets import FLOW_FAMILIES, TRANSFORMER, family_name_table
 from trainer.tools.lora_file import LoraFile, LoraModule, read_lora
 from trainer.tools.options import MergeOptions
-from trainer.tools.targets import Target, name_table
+from trainer.tools.targets import Target, swap_halves
 
 
 @dataclass
@@ -64,14 +71,22 @@ def fit(delta: torch.Tensor, weight: torch.Tensor, name: str) -> torch.Tensor:
 
 @torch.no_grad()
 def add_module(target: Target, module: LoraModule, weight: float) -> None:
-    """``W <- W + weight * delta`` (and the bias of a full-weight module)."""
+    """``W <- W + weight * delta`` (and the bias of a full-weight module). A fused target
+    (FLUX.1 / SD3: :mod:`trainer.tools.flow_targets`) gets each diffusers layer its rows of
+    the update, the halves swapped back where the original layout swaps them."""
+    delta = fit(module.delta(), target.weight(), module.name)
+    if target.swap:
+        delta = swap_halves(delta)
+    start = 0
+    for layer in target.layers:
+        rows = delta[start:start + layer.weight.shape[0]]
+        start += layer.weight.shape[0]
+        if layer.weight.dtype == torch.float32:
+            layer.weight.add_(rows, alpha=weight)
+        else:
+            layer.weight.copy_((layer.weight.float() + weight * rows).to(layer.weight.dtype))
     layer = target.module
-    delta = fit(module.delta(), layer.weight, module.name)
-    if layer.weight.dtype == torch.float32:
-        layer.weight.add_(delta, alpha=weight)
-    else:
-        layer.weight.copy_((layer.weight.float() + weight * delta).to(layer.weight.dtype))
-    if "diff_b" in module.tensors and layer.bias is not None:
+    if "diff_b" in module.tensors and layer.bias is not None and not target.pieces:
         bias = module.tensors["diff_b"].float().reshape(layer.bias.shape)
         layer.bias.copy_((layer.bias.float() + weight * bias).to(layer.bias.dtype))
 
@@ -104,9 +119,39 @@ def merged_metadata(model: Any, base: str, loras: list[tuple[LoraFile, float]],
     """``modelspec.*`` of the merged checkpoint, ``merged_from`` = base, LoRA (weight), ..."""
     sources = [Path(base).stem if Path(base).is_file() else Path(base).name]
     sources += [f"{title_of(f.path, f.metadata)} ({w:g})" for f, w in loras]
+    if model.version in FLOW_FAMILIES:  # the file's other modelspec keys: flow_checkpoint
+        return {"modelspec.title": title, "modelspec.merged_from": ", ".join(sources)}
     meta = model_modelspec(model, title, adapter=None)
     meta["modelspec.merged_from"] = ", ".join(sources)
     return meta
+
+
+def save_flow_merged(model: Any, opts: MergeOptions, metadata: dict[str, str],
+                     text_merged: bool) -> list[str]:
+    """A merged FLUX.1 / SD 3.5 model as one file in the original layout (BFL's, Stability's:
+    trainer/export/flow_checkpoint.py) and / or its diffusers pipeline folder. The file holds
+    what the model ships as (FLUX.1 the transformer, SD 3.5 the transformer and the VAE), and
+    every component when a text encoder was merged, as DreamBooth writes it."""
+    from trainer.export.flow_checkpoint import save_flow_checkpoint
+    from trainer.export.pipeline_folder import save_flow_pipeline_folder
+    from trainer.methods.dreambooth import FLOW_PARTS, flow_checkpoint_family
+    from trainer.models.conditioning import family_of
+
+    dtype, outputs = DTYPES[opts.precision], []
+    encoders = {name: enc for name, enc, _ in family_of(model).text_encoders(model)}
+    if opts.save_to:
+        parts = FLOW_PARTS[model.version]
+        if not text_merged:
+            parts = parts[:1] if model.version == "flux1" else parts[:2]
+        components = {"transformer": model.unet, "vae": model.vae, **encoders}
+        save_flow_checkpoint(Path(opts.save_to).expanduser(), components,
+                             flow_checkpoint_family(model), metadata, parts=parts, dtype=dtype)
+        outputs.append(opts.save_to)
+    if opts.save_folder:
+        save_flow_pipeline_folder(Path(opts.save_folder).expanduser(), model, model.unet,
+                                  encoders, dtype)
+        outputs.append(opts.save_folder)
+    return outputs
 
 
 def save_merged(model: Any, opts: MergeOptions, metadata: dict[str, str]) -> list[str]:
@@ -138,7 +183,7 @@ def merge(opts: MergeOptions, progress: Progress = no_progress) -> MergeReport:
     progress(0, 1, "loading the base model")
     model = load_model(opts.base, opts.config_dir)
     loaded = time.perf_counter()
-    table = name_table(model)
+    table = family_name_table(model)
     total, done, merged = sum(len(f.modules) for f in files), 0, []
     for f, w in zip(files, weights):
         merged.append(apply_lora(table, f, w, progress, done, total))
@@ -146,8 +191,13 @@ def merge(opts: MergeOptions, progress: Progress = no_progress) -> MergeReport:
     applied = time.perf_counter()
     progress(total, total, "saving")
     title = Path(opts.save_to or opts.save_folder or "merged").stem
-    outputs = save_merged(model, opts, merged_metadata(model, opts.base,
-                                                       list(zip(files, weights)), title))
+    metadata = merged_metadata(model, opts.base, list(zip(files, weights)), title)
+    if model.version in FLOW_FAMILIES:
+        text_merged = any(table[name].part != TRANSFORMER for f in files for name in f.modules
+                          if name in table)
+        outputs = save_flow_merged(model, opts, metadata, text_merged)
+    else:
+        outputs = save_merged(model, opts, metadata)
     seconds = {"load": loaded - started, "merge": applied - loaded,
                "save": time.perf_counter() - applied}
     return MergeReport(opts.base, model.version, merged, outputs, seconds)

@@ -63,7 +63,8 @@ class MergeOptions(ToolOptions):
 class ResizeOptions(ToolOptions):
     path: str = option(..., "The LoRA file to resize (.safetensors).")
     save_to: str = option(..., "Where to write the resized LoRA (.safetensors).")
-    rank: int = option(4, "New rank; with a dynamic method, the largest rank kept.", ge=1,
+    rank: int = option(4, "New rank; with a dynamic method, the largest rank kept (FLUX.1's "
+                       "fused qkv / linear1: per part, as the trainer writes them).", ge=1,
                        le=4096)
     conv_rank: Optional[int] = option(
         None, "New rank of the 3x3 convolution modules; unset uses rank.", ge=1, le=4096)

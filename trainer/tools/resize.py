@@ -11,6 +11,13 @@ layer whose alpha differs from the others the common alpha. 3x3 convolution modu
 take ``conv_rank``; a 1x1 convolution (SD 1.x's ``proj_in``) is trained with the linear rank
 and resized with it.
 
+The flow families' files stay in their form. SD 3.5's ``transformer.*`` (peft) modules are
+written back under their keys with the scale folded into ``lora_B`` and no alpha
+(:mod:`trainer.export.sd3_lora`). FLUX.1's (and sd-scripts' SD3) fused layers written
+block-diagonally (:mod:`trainer.tools.fused`: q, k, v and linear1's MLP part, each with its own
+rank) are resized part by part to the rank asked for and fused again, alpha = the file's
+``alpha / r`` x the new total rank; a dense fused layer (sd-scripts' default) is one module.
+
 The file keeps its metadata with ``ss_network_dim`` / ``ss_network_alpha`` updated (``Dynamic``
 for a dynamic method, as sd-scripts writes), the conv rank in ``ss_network_args``, a line in
 ``ss_training_comment``, and fresh ``sshs_*`` / ``modelspec.hash_sha256`` hashes.
@@ -27,22 +34,25 @@ from typing import Optional
 
 import torch
 
-from trainer.tools import svd
+from trainer.tools import fused, svd
 from trainer.tools.common import DTYPES, Progress, ToolError, no_progress
 from trainer.tools.lora_file import LoraModule, read_lora
 from trainer.tools.options import ResizeOptions
+
+PEFT_NAMES = {"lora_down.weight": "lora_A.weight", "lora_up.weight": "lora_B.weight"}
 
 
 @dataclass
 class ResizedModule:
     name: str
     conv: bool
-    old_rank: int
+    old_rank: int  # a fused FLUX.1 / SD3 module (``parts`` > 1): the largest part's
     new_rank: int
     alpha: float
     fro_kept: float  # share of the update's Frobenius norm kept
     sum_kept: float  # share of the sum of its singular values kept
     error: float  # Frobenius norm of (old update - new update), alpha / rank included
+    parts: int = 1  # the layers diffusers splits it into, each resized on its own
 
 
 @dataclass
@@ -70,14 +80,20 @@ def _factors(module: LoraModule) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
 
 
 def resize_module(module: LoraModule, rank: int, method: Optional[str], param: Optional[float],
-                  dtype: torch.dtype, alpha: float) -> tuple[dict[str, torch.Tensor],
-                                                             ResizedModule]:
-    """The module's new tensors (by suffix) with the given ``alpha``, and what was kept."""
-    alpha = float(torch.tensor(alpha, dtype=dtype))  # as stored, so the factors match it
+                  dtype: torch.dtype, alpha: Optional[float]) -> tuple[dict[str, torch.Tensor],
+                                                                    ResizedModule]:
+    """The module's new tensors (by suffix) with the given ``alpha``, and what was kept;
+    ``alpha=None``: the factors carry the whole scale and no alpha is written (the peft form of
+    SD 3.5 files, :mod:`trainer.export.sd3_lora`)."""
     u, s, vh = _factors(module)
     s = s[: module.rank]  # a resize never raises the rank (Tucker: the rest are zeros)
     k = svd.choose_rank(s, min(rank, module.rank), method, param)
-    up, down = svd.split_factors(u, s * (module.scale * k / alpha if alpha else 0.0), vh, k)
+    if alpha is None:
+        factor = module.scale
+    else:
+        alpha = float(torch.tensor(alpha, dtype=dtype))  # as stored, so the factors match it
+        factor = module.scale * k / alpha if alpha else 0.0
+    up, down = svd.split_factors(u, s * factor, vh, k)
     old_down = module.tensors["lora_down.weight"]
     out_shape = module.tensors["lora_up.weight"].shape
     kernel = old_down.shape[2:] if "lora_mid.weight" not in module.tensors else (
@@ -85,12 +101,64 @@ def resize_module(module: LoraModule, rank: int, method: Optional[str], param: O
     tensors = {
         "lora_down.weight": down.reshape(k, -1, *kernel).to(dtype).contiguous(),
         "lora_up.weight": up.reshape(out_shape[0], k, *out_shape[2:]).to(dtype).contiguous(),
-        "alpha": torch.tensor(alpha, dtype=dtype),
     }
+    if alpha is not None:
+        tensors["alpha"] = torch.tensor(alpha, dtype=dtype)
     fro, total = svd.kept_energy(s, k)
     error = svd.discarded_norm(s, k) * abs(module.scale)
-    return tensors, ResizedModule(module.name, module.is_conv, module.rank, k, alpha, fro,
-                                  total, error)
+    return tensors, ResizedModule(module.name, module.is_conv, module.rank, k,
+                                  float(k) if alpha is None else alpha, fro, total, error)
+
+
+def fused_blocks(module: LoraModule) -> Optional[tuple[list[int], list[fused.Block]]]:
+    """(part rows, blocks) of a fused FLUX.1 / SD3 module written block-diagonally
+    (:mod:`trainer.tools.fused`), else None."""
+    t = module.tensors
+    if module.peft_key or "lora_mid.weight" in t or t["lora_up.weight"].dim() != 2:
+        return None
+    up, down = t["lora_up.weight"], t["lora_down.weight"]
+    rows = fused.part_rows(module.name, up.shape[0], down.shape[1])
+    blocks = fused.block_parts(up, rows) if rows else None
+    return (rows, blocks) if blocks else None
+
+
+def resize_fused(module: LoraModule, rows: list[int], blocks: list[fused.Block], rank: int,
+                 method: Optional[str], param: Optional[float], dtype: torch.dtype,
+                 scale: float) -> tuple[dict[str, torch.Tensor], ResizedModule]:
+    """A fused module resized part by part (each to ``rank``, or by the dynamic method) and
+    written block-diagonally again; its alpha is ``scale`` x the new total rank, so that
+    ``alpha / rank`` stays the file's common scale, as the trainer writes it."""
+    up = module.tensors["lora_up.weight"].float()
+    down = module.tensors["lora_down.weight"].float()
+    found = []  # (u, s, vh, k) per part; k = 0 for a part without an update
+    for block in blocks:
+        if not len(block.cols):
+            found.append((None, torch.zeros(0), None, 0))
+            continue
+        u, s, vh = svd.lowrank_svd(up[block.rows][:, block.cols], down[block.cols])
+        s = s[: len(block.cols)]
+        found.append((u, s, vh, svd.choose_rank(s, min(rank, len(block.cols)), method, param)))
+    total = sum(k for *_, k in found)
+    alpha = float(torch.tensor(scale * total, dtype=dtype))
+    factor = module.scale * total / alpha if alpha else 0.0
+    parts = []
+    for (u, s, vh, k), count in zip(found, rows):
+        if not k:
+            parts.append((up.new_zeros(count, 0), down.new_zeros(0, down.shape[1])))
+        else:
+            parts.append(svd.split_factors(u, s * factor, vh, k))
+    new_up, new_down = fused.fuse(parts, rows)
+    tensors = {"lora_down.weight": new_down.to(dtype).contiguous(),
+               "lora_up.weight": new_up.to(dtype).contiguous(),
+               "alpha": torch.tensor(alpha, dtype=dtype)}
+    every = torch.cat([s for _, s, _, _ in found]).double()
+    kept = torch.cat([s[:k] for _, s, _, k in found]).double()
+    fro = float(kept.pow(2).sum().sqrt() / every.pow(2).sum().sqrt()) if every.any() else 1.0
+    share = float(kept.sum() / every.sum()) if every.any() else 1.0
+    error = float(sum(svd.discarded_norm(s, k) ** 2 for _, s, _, k in found) ** 0.5)
+    return tensors, ResizedModule(module.name, False, max(len(b.cols) for b in blocks),
+                                  max(k for *_, k in found), alpha, fro, share,
+                                  error * abs(module.scale), parts=len(blocks))
 
 
 def _common(values: list[float]) -> Optional[float]:
@@ -102,8 +170,8 @@ def resized_metadata(metadata: dict[str, str], modules: list[ResizedModule],
     """The input's metadata with the new rank, alpha, conv rank and a comment."""
     out = dict(metadata)
     old = max(m.old_rank for m in modules)
-    linear = [m for m in modules if not m.conv]
-    conv = [m for m in modules if m.conv]
+    linear = [m for m in modules if not m.conv and m.parts == 1]  # a fused module's alpha
+    conv = [m for m in modules if m.conv]  # counts its parts' ranks
     out["ss_network_alpha"] = str(_common([m.alpha for m in linear or modules]))
     if opts.dynamic_method:
         out["ss_network_dim"] = "Dynamic"
@@ -159,9 +227,19 @@ def resize(opts: ResizeOptions, progress: Progress = no_progress) -> ResizeRepor
             as_is.append(module.name)
             continue
         rank = opts.conv_rank if module.is_conv and opts.conv_rank else opts.rank
-        new, info = resize_module(module, rank, opts.dynamic_method, opts.dynamic_param, dtype,
-                                  alphas.get(module.is_conv, 1.0))
-        tensors.update({f"{module.name}.{k}": v for k, v in new.items()})
+        method, param = opts.dynamic_method, opts.dynamic_param
+        split = fused_blocks(module)
+        if module.peft_key:  # SD 3.5's transformer.* form: written back so, alpha folded
+            new, info = resize_module(module, rank, method, param, dtype, None)
+            tensors.update({f"{module.peft_key}.{PEFT_NAMES[k]}": v for k, v in new.items()})
+        elif split:  # FLUX.1's fused qkv / linear1: one rank per part, as the trainer writes
+            new, info = resize_fused(module, *split, rank, method, param, dtype,
+                                     alphas.get(False, rank) / opts.rank)
+            tensors.update({f"{module.name}.{k}": v for k, v in new.items()})
+        else:
+            new, info = resize_module(module, rank, method, param, dtype,
+                                      alphas.get(module.is_conv, 1.0))
+            tensors.update({f"{module.name}.{k}": v for k, v in new.items()})
         done.append(info)
         progress(i + 1, len(lora.modules), "resizing")
     if not done:
@@ -181,6 +259,7 @@ def format_resize(report: ResizeReport) -> str:
                 if report.kept_as_is else ""),
              f"{'module':<72} {'rank':>9} {'alpha':>7} {'fro kept':>9} {'sum kept':>9}"]
     for m in report.modules:
-        lines.append(f"{m.name:<72} {m.old_rank:>4}->{m.new_rank:<4} {m.alpha:>7.3g} "
+        rank = f"{m.old_rank}->{m.new_rank}" + (f" x{m.parts}" if m.parts > 1 else "")
+        lines.append(f"{m.name:<72} {rank:>9} {m.alpha:>7.3g} "
                      f"{m.fro_kept:>9.1%} {m.sum_kept:>9.1%}")
     return "\n".join(lines)

@@ -24,8 +24,30 @@ LAYERS = (torch.nn.Linear, torch.nn.Conv2d)
 class Target:
     name: str  # the kohya name this studio writes
     path: str  # the module's path in its model
-    part: str  # unet, te, te1 or te2
+    part: str  # unet, te, te1 or te2; transformer, te3 (T5) for FLUX.1 / SD 3.5
     module: torch.nn.Module
+    # a layer that the original layout fuses and diffusers splits (FLUX.1's qkv / linear1,
+    # SD3's qkv: trainer/tools/flow_targets.py): diffusers' layers, in the fused rows' order
+    pieces: tuple[torch.nn.Module, ...] = ()
+    swap: bool = False  # the original's rows are diffusers' with the two halves swapped
+
+    @property
+    def layers(self) -> tuple[torch.nn.Module, ...]:
+        return self.pieces or (self.module,)
+
+    def weight(self) -> torch.Tensor:
+        """The layer's weight as the original layout has it (fused rows, halves swapped)."""
+        if not self.pieces and not self.swap:
+            return self.module.weight
+        weight = torch.cat([layer.weight.detach() for layer in self.layers], dim=0)
+        return swap_halves(weight) if self.swap else weight
+
+
+def swap_halves(tensor: torch.Tensor) -> torch.Tensor:
+    """(a, b) -> (b, a) along the rows: diffusers' (scale, shift) <-> the original's
+    (shift, scale); its own inverse."""
+    first, second = tensor.chunk(2, dim=0)
+    return torch.cat([second, first], dim=0)
 
 
 def _layers(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module]]:
@@ -65,10 +87,14 @@ def unet_targets(unet: torch.nn.Module, version: str) -> list[tuple[Target, list
 
 
 def encoder_targets(encoder: torch.nn.Module, prefix: str, part: str,
-                    aliases: Iterable[str] = ()) -> list[tuple[Target, list[str]]]:
+                    aliases: Iterable[str] = (),
+                    rename: Callable[[str], str] = text_encoder_module_path
+                    ) -> list[tuple[Target, list[str]]]:
+    """Every layer of a text encoder; ``rename``: the path as the files name it (CLIP's under
+    ``text_model.``, T5's as it is)."""
     out = []
     for path, module in _layers(encoder):
-        full = text_encoder_module_path(path)
+        full = rename(path)
         name = kohya_module_name(prefix, full)
         out.append((Target(name, path, part, module),
                     [kohya_module_name(a, full) for a in aliases]))
@@ -76,7 +102,8 @@ def encoder_targets(encoder: torch.nn.Module, prefix: str, part: str,
 
 
 def model_targets(model: Any) -> list[tuple[Target, list[str]]]:
-    """Every layer of the model's UNet and text encoder(s), with its alias names."""
+    """Every layer of the model's UNet and text encoder(s), with its alias names (FLUX.1 /
+    SD 3.5: :func:`trainer.tools.flow_targets.flow_targets`)."""
     found = unet_targets(model.unet, model.version)
     if getattr(model, "text_encoder_2", None) is not None:
         found += encoder_targets(model.text_encoder, "lora_te1", "te1")
@@ -88,7 +115,11 @@ def model_targets(model: Any) -> list[tuple[Target, list[str]]]:
 
 def name_table(model: Any) -> dict[str, Target]:
     """Every name a LoRA file may give a layer of ``model`` -> that layer."""
-    found = model_targets(model)
+    return table_of(model_targets(model))
+
+
+def table_of(found: list[tuple[Target, list[str]]]) -> dict[str, Target]:
+    """name -> layer of (target, aliases) pairs; a target's own name wins over an alias."""
     table = {alias: target for target, aliases in found for alias in aliases}
     table.update((target.name, target) for target, _ in found)
     return table

@@ -1,0 +1,81 @@
+"""FLUX.1 in the real app in headless Chromium: on the LoRA tab choose the tiny FLUX.1 preset
+(presets/lora/tiny-flux.toml: the embedded FLUX.1-dev, 60 steps at 64 px), see the family's own
+fields, click Train, watch the loss curve draw, see "finished", the output path and the samples;
+the file is a FLUX.1 LoRA in sd-scripts' form."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from gui_helpers import ARTIFACTS, gui_home, one_torch_thread  # noqa: F401
+from playwright.sync_api import Page
+from test_gui_browser import (  # noqa: F401 - the fixtures are used by name
+    CURVE_DRAWN,
+    TRAIN_MINUTES,
+    app_url,
+    browser,
+    page,
+    text_input,
+)
+from test_gui_browser_modes import SAMPLES_SHOWN, finished_job
+
+pytestmark = pytest.mark.browser
+
+NAME = "tiny-flux-lora"
+
+
+def choose_flux_preset(view: Page) -> None:
+    view.click("#lora-preset input")
+    view.get_by_role("option", name="tiny-flux", exact=True).click()
+    view.wait_for_function(
+        "() => document.querySelector('#lora-file-msg').innerText.includes('Loaded preset')")
+    assert text_input(view, "lora-model-pretrained_model_name_or_path").input_value() \
+        == "embedded:tiny-flux"
+    assert text_input(view, "lora-saving-output_name").input_value() == NAME
+
+
+def test_the_tiny_flux_preset_trains_from_the_lora_tab(page, one_torch_thread,  # noqa: F811
+                                                       tmp_path):
+    out = tmp_path / "flux"
+    choose_flux_preset(page)
+    # the family's own fields show for a FLUX.1 model, SD 3.5's do not (kohya_gui/family_view.py)
+    search = text_input(page, "lora-search")
+    search.click()
+    search.press_sequentially("guidance", delay=30)
+    page.wait_for_selector("#lora-flow-guidance_scale", state="visible")
+    search.press("Control+a")
+    search.press_sequentially("clip", delay=30)
+    page.wait_for_selector("#lora-model-clip_l", state="visible")
+    page.wait_for_selector("#lora-model-clip_g", state="hidden")
+    search.press("Control+a")
+    search.press("Backspace")
+    text_input(page, "lora-saving-output_dir").fill(str(out))
+    started = time.monotonic()
+    page.click("#lora-train")
+    page.wait_for_function(
+        "() => document.querySelector('#lora-train-msg').innerText.includes('started')")
+    page.wait_for_function(CURVE_DRAWN, timeout=TRAIN_MINUTES * 60_000)
+    page.wait_for_function(finished_job(f"lora: {NAME}"), timeout=TRAIN_MINUTES * 60_000)
+    expected = out / f"{NAME}.safetensors"
+    page.wait_for_function(
+        "() => { const e = document.querySelector('#output-path input, #output-path textarea');"
+        f" return e && e.value.endsWith('{expected.name}'); }}")
+    assert text_input(page, "output-path").input_value() == str(expected)
+    page.wait_for_function(SAMPLES_SHOWN)
+    print(f"tiny FLUX.1 LoRA: trained and shown in {time.monotonic() - started:.1f}s")
+    assert "60 / 60" in page.inner_text("#progress")
+    assert "finished at step 60" in page.locator("#log-tail .ks-line").first.inner_text()
+    page.wait_for_function(CURVE_DRAWN)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.locator("#training-panel").screenshot(path=str(ARTIFACTS / "gui_flux_training.png"))
+
+    assert expected.is_file() and (out / f"{NAME}.toml").is_file()
+    assert list((out / "sample").glob("*.png"))
+    from safetensors import safe_open
+
+    with safe_open(str(expected), "pt") as f:
+        meta, keys = f.metadata(), list(f.keys())
+    assert meta["ss_base_model_version"] == "flux1"
+    assert any(k.startswith("lora_unet_double_blocks_0_img_attn_qkv.") for k in keys)
+    assert any(k.startswith("lora_te1_") for k in keys)  # the preset trains CLIP-L too
