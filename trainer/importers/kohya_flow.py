@@ -242,6 +242,12 @@ def _sd3_objective(ctx: Ctx) -> None:
                              "1.0, model_prediction_type = 'sigma_scaled'")
 
 
+# The SD families' prompt options (trainer/data/weighted captions, long prompts): the value
+# that means "off"; the kohya_ss form saves them for every family
+SD_PROMPT_OPTIONS = {"dataset.max_token_length": None, "dataset.weighted_captions": False,
+                     "dataset.no_token_padding": False}
+
+
 def drop_ddpm_options(ctx: Ctx, family: str) -> None:
     """The DDPM options that the file set (mapped by the SD rules) are not read by sd-scripts'
     flow trainers: move them from the config to "not needed" (SD3's timestep range, which
@@ -249,6 +255,7 @@ def drop_ddpm_options(ctx: Ctx, family: str) -> None:
     name = FAMILY_NAMES[family]
     targets = {f"training.{k}": off for k, off in DDPM_ONLY.items()}
     targets["model.prediction_type"] = None
+    targets.update(SD_PROMPT_OPTIONS)
     for entry in list(ctx.report.mapped):
         key, raw, target, value = entry
         if target not in targets or value == targets[target]:
@@ -263,6 +270,9 @@ def drop_ddpm_options(ctx: Ctx, family: str) -> None:
         elif family == "sd3" and target in ("training.min_timestep", "training.max_timestep"):
             ctx.refuse(key, "a narrower timestep range for SD 3.5 (flow matching samples the "
                             "whole range here)", raw)
+        elif target in SD_PROMPT_OPTIONS:
+            ctx.skip(key, f"a CLIP prompt option of the SD families; {name} reads 77 CLIP "
+                          f"tokens and model.t5xxl_max_token_length T5 tokens")
         else:
             ctx.skip(key, f"a DDPM option; {name} trains with flow matching and sd-scripts' "
                           f"{name} trainer does not read it either")

@@ -25,6 +25,8 @@ from typing import Any, Optional
 
 import torch
 
+from trainer.system.device import current_stream, on_stream, recorded_event, side_stream
+
 
 def swap_units(denoiser: torch.nn.Module) -> list[torch.nn.Module]:
     """The modules that checkpointing runs one by one, in forward order."""
@@ -68,7 +70,7 @@ class BlockSwapper:
         self.units = units
         self.on_move = on_move
         self.cuda = self.device.type == "cuda"
-        self.stream = torch.cuda.Stream(self.device) if self.cuda else None
+        self.stream = side_stream(self.device) if self.cuda else None
         self.host: dict[int, list[tuple[torch.nn.Parameter, torch.Tensor]]] = {}
         self.ready: dict[int, Any] = {}  # index -> the copy's event (CUDA) or True
         self.pending: Optional[int] = None  # recomputed in backward, waiting to go out
@@ -112,11 +114,10 @@ class BlockSwapper:
         if self.on_move:
             self.on_move(index, "in")
         if self.cuda:
-            with torch.cuda.stream(self.stream):
+            with on_stream(self.stream):
                 for param, host in self.host[index]:
                     param.data = host.to(self.device, non_blocking=True)
-                event = torch.cuda.Event()
-                event.record(self.stream)
+                event = recorded_event(self.stream)
             self.ready[index] = event
         else:
             for param, host in self.host[index]:
@@ -127,7 +128,7 @@ class BlockSwapper:
     def _wait(self, index: int) -> None:
         event = self.ready.get(index)
         if self.cuda and event is not None and event is not True:
-            current = torch.cuda.current_stream(self.device)
+            current = current_stream(self.device)
             current.wait_event(event)
             for param, _ in self.host[index]:
                 param.data.record_stream(current)

@@ -352,3 +352,34 @@ def _opt_int(value: Any) -> Optional[int]:
 def _version_tuple(version: str) -> tuple[int, int]:
     match = re.match(r"(\d+)\.(\d+)", version)
     return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+
+
+# --- CUDA streams, for copies that overlap compute (block swap) ------------------------------
+
+def side_stream(device: Any) -> Any:
+    """A new CUDA (or ROCm) stream on ``device``, for host-to-device copies beside compute."""
+    import torch
+
+    return torch.cuda.Stream(device)
+
+
+def on_stream(stream: Any) -> Any:
+    """A context in which CUDA work goes to ``stream``."""
+    import torch
+
+    return torch.cuda.stream(stream)
+
+
+def recorded_event(stream: Any) -> Any:
+    """An event recorded on ``stream`` now: done when its queued work is done."""
+    import torch
+
+    event = torch.cuda.Event()
+    event.record(stream)
+    return event
+
+
+def current_stream(device: Any) -> Any:
+    import torch
+
+    return torch.cuda.current_stream(device)
