@@ -10,12 +10,11 @@ from __future__ import annotations
 import sys
 
 import pytest
-from gui_helpers import PROJECT, chromium_ready, gui_home  # noqa: F401
+from gui_helpers import PROJECT, gui_home  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 
-@pytest.mark.skipif(not chromium_ready(), reason="needs /usr/bin/chromium")
 def test_memory_stays_flat_after_warm_up(gui_home, tmp_path):  # noqa: F811
     sys.path.insert(0, str(PROJECT / "bench"))
     from soak import soak
