@@ -24,12 +24,12 @@ has the devices and the rules). ``python -m trainer advise CONFIG.toml`` prints 
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 from typing import Any, Optional
 
 from trainer.advisor.advice import FITS_BELOW, GIB, Advice, Memory, Steps, Timing, gib  # noqa: F401
 from trainer.advisor.rules import Recommendation, device_rules, memory_rules, throughput
+from trainer.system.library_lock import library_imports
 
 # Measured here: a process with torch 2.13 (CPU), diffusers, transformers, accelerate and peft
 # imported holds 0.47 GiB; a CUDA or ROCm context with cuBLAS holds about 0.5 GiB that
@@ -49,7 +49,6 @@ OPS_PER_TENSOR = {"cpu": 12, "gpu": 0}
 CPU_HEAP = 0.5
 CACHE_BATCH = 4  # trainer.data.TrainingData.cache_latents' batch
 _DATA_CACHE: dict[str, Any] = {}
-_ADVISING = threading.Lock()
 
 
 def with_changes(cfg: Any, changes: dict[str, Any]) -> Any:
@@ -281,7 +280,9 @@ def advise(cfg: Any, info: Any = None) -> Advice:
     from trainer.system.device import detect
 
     info = info or detect()
-    with _ADVISING:  # one estimate at a time: each page's tabs ask at once
+    # one estimate at a time (each page's tabs ask at once), and not while a run in the same
+    # process imports the same classes (trainer/system/library_lock.py)
+    with library_imports():
         return _advise(cfg, info)
 
 

@@ -29,13 +29,16 @@ def inference_pipeline(model: Any, cfg: TrainConfig, unet: Optional[Any] = None)
     """A pipeline over ``model``'s modules (``unet`` replaces the model's, e.g. unwrapped)."""
     from trainer.models.conditioning import family_of
     from trainer.run.sample_prompts import make_scheduler
+    from trainer.system.library_lock import library_imports
 
     family = family_of(model)
-    if family.objective == "flow":
-        scheduler = model.noise_scheduler.__class__.from_config(model.noise_scheduler.config)
-    else:
-        scheduler = make_scheduler(cfg.sampling.sample_sampler, _sd_scheduler_config(model))
-    pipe = family.pipeline(model, unet if unet is not None else model.unet, scheduler)
+    with library_imports():  # trainer/system/library_lock.py
+        if family.objective == "flow":
+            scheduler = model.noise_scheduler.__class__.from_config(
+                model.noise_scheduler.config)
+        else:
+            scheduler = make_scheduler(cfg.sampling.sample_sampler, _sd_scheduler_config(model))
+        pipe = family.pipeline(model, unet if unet is not None else model.unet, scheduler)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 

@@ -91,6 +91,7 @@ def prepare(s: Session, out: Reporter) -> None:
     from trainer.run.failures import check_output_dir
     from trainer.run.state import load_state, resolve_resume
     from trainer.system.distributed import main_process_first, rank
+    from trainer.system.library_lock import library_imports
 
     check_output_dir(s.cfg)
     resume = resolve_resume(s.cfg) if s.cfg.training.resume else None
@@ -99,20 +100,22 @@ def prepare(s: Session, out: Reporter) -> None:
     with main_process_first(s.device_info):  # rank 0 first: it may build the tiny model
         s.data = prepare_dataset(s.cfg, warn=lambda m: out.log(m, "warning"))
         out.check_stop()
-        s.model = load_base_model(s.cfg.model, s.dtype)
+        with library_imports():  # the GUI's advisor may import the same classes at once
+            s.model = load_base_model(s.cfg.model, s.dtype)
     s.model.prompt_options = PromptOptions.from_config(s.cfg.dataset)  # long / weighted captions
     out.check_stop()
     out.log(f"Base model: {s.model.source} ({s.model.description or s.model.version})")
     choose_cpu_precision(s, out)  # auto on a CPU with bf16 units: bf16 where it measures faster
     _check_family(s)
-    with main_process_first(s.device_info):  # rank 0 generates, the other processes wait
+    with main_process_first(s.device_info), library_imports():  # rank 0 generates first
         if ensure_class_images(s.cfg, s.model, s.device_info, s.precision, out) or rank():
             s.data = prepare_dataset(s.cfg, warn=lambda m: out.log(m, "warning"))
     _noise_schedule(s, out)
     s.accelerator = _accelerator(s.cfg, s.device_info, s.precision)
     if s.accelerator.num_processes > 1:
         s.shard = (s.accelerator.process_index, s.accelerator.num_processes)
-    groups = _place_and_inject(s, out)
+    with library_imports():
+        groups = _place_and_inject(s, out)
     _compile(s, out)
     _cache(s, out)
     out.check_stop()
