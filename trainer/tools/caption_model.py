@@ -27,14 +27,17 @@ def _device() -> str:
 
 def load_captioner(opts: CaptionOptions):
     """A callable ``list[PIL.Image] -> list[str]`` over the model in ``opts.model_dir``."""
-    from transformers import pipeline
+    from trainer.system.library_lock import library_imports
 
     folder = Path(opts.model_dir).expanduser()
     if not (folder / "config.json").is_file():
         raise ToolError(f"model_dir {str(folder)!r}: no config.json; point it at a folder "
                         f"that holds a transformers captioning model and its processor")
     try:
-        pipe = pipeline(TASK, model=str(folder), device=_device())
+        with library_imports():  # the GUI may start a run or an estimate meanwhile
+            from transformers import pipeline
+
+            pipe = pipeline(TASK, model=str(folder), device=_device())
     except (OSError, ValueError, KeyError) as exc:
         raise ToolError(f"model_dir {str(folder)!r}: transformers cannot load it for "
                         f"{TASK} ({exc})") from None

@@ -38,6 +38,7 @@ def load_model(path: str | Path, config_dir: Optional[str] = None) -> Any:
     when it has one."""
     from trainer.config import ModelSection
     from trainer.models.loader import ModelLoadError, load_base_model
+    from trainer.system.library_lock import library_imports
 
     tokenizer = None
     if config_dir and (Path(config_dir).expanduser() / "tokenizer").is_dir():
@@ -45,7 +46,8 @@ def load_model(path: str | Path, config_dir: Optional[str] = None) -> Any:
     section = ModelSection(pretrained_model_name_or_path=str(path), config_dir=config_dir,
                            tokenizer=tokenizer)
     try:
-        return load_base_model(section)
+        with library_imports():  # the GUI may start a run or an estimate meanwhile
+            return load_base_model(section)
     except ModelLoadError as exc:
         raise ToolError(str(exc)) from None
 
