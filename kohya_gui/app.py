@@ -42,6 +42,8 @@ CSS = """
 .ks-bar { width: 85%; height: 14px; vertical-align: middle; }
 .ks-pct { margin-left: 8px; }
 .ks-cells { display: flex; flex-wrap: wrap; gap: 14px; margin-top: 4px; }
+/* a form row whose fields are all hidden (by the search or the model's family) takes no room */
+.ks-row:not(:has(.block)) { display: none !important; }
 """
 
 

@@ -327,7 +327,7 @@ def _grid(form: Form, specs: list[FieldSpec], values: Mapping[str, Any], per_row
     import gradio as gr
 
     for start in range(0, len(specs), per_row):
-        with gr.Row(equal_height=False):
+        with gr.Row(equal_height=False, elem_classes=["ks-row"]):  # app.CSS hides it empty
             for spec in specs[start:start + per_row]:
                 elem_id = f"{form.mode}-{spec.path.replace('.', '-')}"
                 form.components[spec.path] = make_component(spec, values[spec.path], elem_id)

@@ -1,9 +1,10 @@
 """The page on a laptop screen (1366x768) in headless Chromium: after choosing the default
 preset, Train is in view without scrolling; labels are names a person reads, with the TOML key
-under them; the search box finds min_snr_gamma by typing "snr", its matches in view; the advisor
-under Train shows a memory estimate; after Train, the loss curve stays in view while the form is scrolled to its
-end (the screenshot of the page during the run: tests/artifacts/gui_layout_running.png); and on
-a narrow screen the panel comes above the form."""
+under them; the search box finds min_snr_gamma by typing "snr", its matches in view and one
+under the other (no room left where hidden rows were); the advisor under Train shows a memory
+estimate; after Train, the loss curve stays in view while the form is scrolled to its end (the
+screenshot of the page during the run: tests/artifacts/gui_layout_running.png); and on a narrow
+screen the panel comes above the form."""
 
 from __future__ import annotations
 
@@ -24,6 +25,15 @@ pytestmark = pytest.mark.browser
 
 LAPTOP = {"width": 1366, "height": 768}
 SCREENSHOT = ARTIFACTS / "gui_layout_running.png"
+
+
+# the rows of the "snr" matches: v_pred_like_loss; zero_terminal_snr + min_snr_gamma;
+# debiased_estimation_loss + ...: each starts less than 40 px under the one above
+ROWS_CLOSE = """() => {
+  const box = n => document.querySelector('#lora-training-' + n).getBoundingClientRect();
+  const rows = [box('v_pred_like_loss'), box('zero_terminal_snr'),
+                box('debiased_estimation_loss')];
+  return rows.every((r, i) => r.height > 0 && (i === 0 || r.top - rows[i - 1].bottom < 40)); }"""
 
 
 def open_page(browser, url: str, viewport: dict) -> tuple[object, Page]:  # noqa: F811
@@ -76,6 +86,9 @@ def test_train_labels_search_and_advice_without_scrolling(laptop):
     # the matches come first in view: "snr" finds five settings now (v_pred_like_loss's help
     # names the SNR too), and the first of them sits right under the search box
     assert in_view(page, "#lora-training-v_pred_like_loss")
+    # no empty space where the hidden rows were: each row of matches right under the last
+    # (waited for: the page lays the rows out again after the search's update)
+    page.wait_for_function(ROWS_CLOSE)
     search.press("Control+a")
     search.press("Backspace")
     page.wait_for_selector("#lora-network-network_dim", state="visible")
