@@ -10,9 +10,12 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -136,3 +139,32 @@ def launched(demo, **kwargs) -> str:
 
 def chromium_ready() -> bool:
     return os.path.exists(CHROMIUM)
+
+
+@contextmanager
+def studio_process(folder: Path, env: dict[str, str] | None = None,
+                   args: tuple[str, ...] = ()) -> Iterator[tuple[subprocess.Popen, str]]:
+    """``python -m kohya_gui --port N`` started in ``folder`` (its output in folder/gui.log),
+    yielded with its URL once the page answers; terminated after the block."""
+    import httpx
+
+    port = free_port()
+    argv = [sys.executable, "-m", "kohya_gui", "--port", str(port), *args]
+    log_path = folder / "gui.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(argv, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            url = f"http://127.0.0.1:{port}/"
+
+            def up() -> bool:
+                assert proc.poll() is None, log_path.read_text()
+                try:
+                    return httpx.get(url, timeout=2).status_code == 200
+                except httpx.HTTPError:
+                    return False
+
+            wait_for(up, timeout=90, every=0.5)
+            yield proc, url
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)

@@ -5,20 +5,17 @@ the file is a FLUX.1 LoRA in sd-scripts' form."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from gui_helpers import ARTIFACTS, gui_home, one_torch_thread  # noqa: F401
 from playwright.sync_api import Page
 from test_gui_browser import (  # noqa: F401 - the fixtures are used by name
     CURVE_DRAWN,
-    TRAIN_MINUTES,
     app_url,
     browser,
     page,
     text_input,
 )
-from test_gui_browser_modes import SAMPLES_SHOWN, finished_job
+from test_gui_browser_modes import train_and_wait
 
 pytestmark = pytest.mark.browser
 
@@ -51,21 +48,7 @@ def test_the_tiny_flux_preset_trains_from_the_lora_tab(page, one_torch_thread,  
     search.press("Control+a")
     search.press("Backspace")
     text_input(page, "lora-saving-output_dir").fill(str(out))
-    started = time.monotonic()
-    page.click("#lora-train")
-    page.wait_for_function(
-        "() => document.querySelector('#lora-train-msg').innerText.includes('started')")
-    page.wait_for_function(CURVE_DRAWN, timeout=TRAIN_MINUTES * 60_000)
-    page.wait_for_function(finished_job(f"lora: {NAME}"), timeout=TRAIN_MINUTES * 60_000)
-    expected = out / f"{NAME}.safetensors"
-    page.wait_for_function(
-        "() => { const e = document.querySelector('#output-path input, #output-path textarea');"
-        f" return e && e.value.endsWith('{expected.name}'); }}")
-    assert text_input(page, "output-path").input_value() == str(expected)
-    page.wait_for_function(SAMPLES_SHOWN)
-    print(f"tiny FLUX.1 LoRA: trained and shown in {time.monotonic() - started:.1f}s")
-    assert "60 / 60" in page.inner_text("#progress")
-    assert "finished at step 60" in page.locator("#log-tail .ks-line").first.inner_text()
+    expected = train_and_wait(page, "lora", NAME, out)
     page.wait_for_function(CURVE_DRAWN)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.locator("#training-panel").screenshot(path=str(ARTIFACTS / "gui_flux_training.png"))

@@ -39,6 +39,15 @@ def train_default_preset(view: Page, mode: str, title: str, name: str, out: Path
     shown.wait_for(state="visible")
     assert shown.input_value() == name  # the page starts with the mode's default preset
     text_input(view, f"{mode}-saving-output_dir").fill(str(out))
+    expected = train_and_wait(view, mode, name, out)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    view.locator("#training-panel").screenshot(path=str(ARTIFACTS / f"gui_{mode}_training.png"))
+    return str(expected)
+
+
+def train_and_wait(view: Page, mode: str, name: str, out: Path, steps: int = 60) -> Path:
+    """Click the tab's Train and wait for the curve, "finished" for this job, the output path
+    and the samples; returns the output file."""
     started = time.monotonic()
     view.click(f"#{mode}-train")
     view.wait_for_function(
@@ -51,12 +60,10 @@ def train_default_preset(view: Page, mode: str, title: str, name: str, out: Path
         f" return e && e.value.endsWith('{expected.name}'); }}")
     assert text_input(view, "output-path").input_value() == str(expected)
     view.wait_for_function(SAMPLES_SHOWN)
-    print(f"{mode}: trained and shown in {time.monotonic() - started:.1f}s")
-    assert "60 / 60" in view.inner_text("#progress")
-    assert "finished at step 60" in view.locator("#log-tail .ks-line").first.inner_text()
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    view.locator("#training-panel").screenshot(path=str(ARTIFACTS / f"gui_{mode}_training.png"))
-    return str(expected)
+    print(f"{mode} {name}: trained and shown in {time.monotonic() - started:.1f}s")
+    assert f"{steps} / {steps}" in view.inner_text("#progress")
+    assert f"finished at step {steps}" in view.locator("#log-tail .ks-line").first.inner_text()
+    return expected
 
 
 def test_dreambooth_trains_from_its_tab(page, one_torch_thread, tmp_path):  # noqa: F811

@@ -7,9 +7,8 @@ login, a Host that is not the server's own and a state-changing request from ano
 from __future__ import annotations
 
 import logging
+import os
 import re
-import subprocess
-import sys
 
 import httpx
 import pytest
@@ -21,6 +20,7 @@ from gui_helpers import (  # noqa: F401
     free_port,
     gui_home,
     launched,
+    studio_process,
     wait_for,
 )
 
@@ -158,34 +158,15 @@ def test_credentials_from_the_environment_or_a_file(monkeypatch, tmp_path):
 
 def test_the_command_reads_the_password_from_the_environment(gui_home, tmp_path):  # noqa: F811
     """The password is nowhere in the command line (ps), and the login works."""
-    port = free_port()
-    env = {**__import__("os").environ, "KOHYA_GUI_USERNAME": USER,
-           "KOHYA_GUI_PASSWORD": PASSWORD}
-    argv = [sys.executable, "-m", "kohya_gui", "--port", str(port)]
-    log = (tmp_path / "gui.log").open("w")
-    proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        url = f"http://127.0.0.1:{port}/"
-
-        def up() -> bool:
-            assert proc.poll() is None, (tmp_path / "gui.log").read_text()
-            try:
-                return httpx.get(url, timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(up, timeout=90, every=0.5)
-        assert PASSWORD not in " ".join(argv)
+    env = {**os.environ, "KOHYA_GUI_USERNAME": USER, "KOHYA_GUI_PASSWORD": PASSWORD}
+    with studio_process(tmp_path, env) as (proc, url):
+        assert PASSWORD not in " ".join(proc.args)
         assert httpx.post(url + "gradio_api/call/state", json={"data": []}).status_code == 401
         with httpx.Client() as client:
             assert client.post(url + "login", data={"username": USER,
                                                     "password": PASSWORD}).status_code == 200
             assert client.post(url + "gradio_api/call/state",
                                json={"data": []}).status_code == 200
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        log.close()
 
 
 @pytest.mark.parametrize("host", ["evil.example", "evil.example:{port}", "127.0.0.1.evil.example",

@@ -28,31 +28,13 @@ def test_listening_on_the_network_without_a_login_refuses_to_start(gui_home):  #
 
 
 def test_the_command_starts_the_app_on_loopback(gui_home, tmp_path):  # noqa: F811
-    from gui_helpers import free_port, wait_for
+    from gui_helpers import studio_process
 
-    port = free_port()
-    log = (tmp_path / "gui.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "kohya_gui", "--port", str(port)],
-                            cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        url = f"http://127.0.0.1:{port}/"
-
-        def up() -> bool:
-            assert proc.poll() is None, (tmp_path / "gui.log").read_text()
-            try:
-                return httpx.get(url, timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(up, timeout=90, every=0.5)
+    with studio_process(tmp_path) as (_, url):
         assert "Kohya Studio" in httpx.get(url).text
         assert httpx.get(url + "monitoring").status_code in (403, 404)
         assert httpx.post(url + "gradio_api/call/state", json={"data": []}).status_code == 200
         assert (Path(gui_home) / "gradio_tmp").is_dir()
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        log.close()
 
 
 @pytest.mark.parametrize(("argv", "ok"), [

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 
 import pytest
 import torch
+from train_helpers import folder_digest as digest
 
 from trainer.models.tiny import (
     SDXL_TIME_EMBED_DIM,
@@ -16,14 +16,6 @@ from trainer.models.tiny import (
     build_sdxl_components,
     save_tiny_model,
 )
-
-
-def digest(path):
-    h = hashlib.sha256()
-    for f in sorted(p for p in path.rglob("*") if p.is_file()):
-        h.update(f.relative_to(path).as_posix().encode())
-        h.update(f.read_bytes())
-    return h.hexdigest()
 
 
 @pytest.mark.parametrize("family", ["sd2", "sdxl"])

@@ -3,11 +3,11 @@ the constraints that tie their parts together, and trainable with the flow objec
 
 from __future__ import annotations
 
-import hashlib
 import json
 
 import pytest
 import torch
+from train_helpers import folder_digest as digest
 
 from trainer.models.tiny_flow import (
     FLUX_ROPE_AXES,
@@ -22,14 +22,6 @@ from trainer.models.tiny_flow import (
     save_tiny_flow_model,
 )
 from trainer.objectives.flow import noisy_latents, sample_sigmas, velocity_target
-
-
-def digest(path):
-    h = hashlib.sha256()
-    for f in sorted(p for p in path.rglob("*") if p.is_file()):
-        h.update(f.relative_to(path).as_posix().encode())
-        h.update(f.read_bytes())
-    return h.hexdigest()
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 """Small builders shared by the training tests: configs on tiny data, and a fixed evaluation."""
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -72,3 +73,12 @@ def randomize(module: torch.nn.Module, seed: int) -> torch.nn.Module:
         for p in module.parameters():
             p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
     return module.eval()
+
+
+def folder_digest(path: Path) -> str:
+    """sha256 over a folder's relative file names and contents: equal for identical trees."""
+    h = hashlib.sha256()
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        h.update(f.relative_to(path).as_posix().encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
