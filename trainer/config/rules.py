@@ -20,6 +20,9 @@ def mode_checks(cfg: Any) -> None:
     from trainer.config.memory_rules import memory_checks
 
     memory_checks(cfg)
+    from trainer.config.distributed_rules import distributed_checks
+
+    distributed_checks(cfg)
     if cfg.mode == "textual_inversion":
         if not net.token_string or not net.token_string.strip():
             raise ValueError("network.token_string is required in textual_inversion mode")

@@ -39,7 +39,10 @@ class NoEma:
     def applied(self) -> Iterator[None]:
         yield
 
-    def save(self, folder: Path) -> None:
+    def state_dict(self) -> Optional[dict[str, Any]]:
+        return None
+
+    def save(self, folder: Path, state: Optional[dict[str, Any]] = None) -> None:
         pass
 
     def load(self, folder: Path) -> None:
@@ -71,15 +74,22 @@ class Ema(NoEma):
         if not self.for_outputs:
             yield
             return
-        self.model.store(self.params)
+        # EMAModel.store / restore, on a DTensor's local rows with FSDP (trainer/run/fsdp.py)
+        stored = [_local(p).detach().cpu().clone() for p in self.params]
         self.model.copy_to(self.params)
         try:
             yield
         finally:
-            self.model.restore(self.params)
+            with torch.no_grad():
+                for p, saved in zip(self.params, stored):
+                    _local(p).copy_(saved)
 
-    def save(self, folder: Path) -> None:
-        torch.save(self.model.state_dict(), folder / FILE)
+    def state_dict(self) -> Optional[dict[str, Any]]:
+        return self.model.state_dict()
+
+    def save(self, folder: Path, state: Optional[dict[str, Any]] = None) -> None:
+        """Write ``state`` (by default this process's :meth:`state_dict`; FSDP's gathered)."""
+        torch.save(self.model.state_dict() if state is None else state, folder / FILE)
 
     def load(self, folder: Path) -> None:
         """The shadow weights and step count of a saved state (its config had the same EMA)."""
@@ -91,9 +101,15 @@ class Ema(NoEma):
                              f"training.ema_decay is set; it was saved by another run")
         state = torch.load(path, weights_only=True)
         self.model.load_state_dict(state)
-        device = self.params[0].device if self.params else None
-        if device is not None:
-            self.model.to(device=device)
+        from trainer.run.fsdp import like  # FSDP: each shadow sharded as its weight
+
+        self.model.shadow_params = [like(shadow, p) for shadow, p in
+                                    zip(self.model.shadow_params, self.params)]
+
+
+def _local(p: torch.Tensor) -> torch.Tensor:
+    """A plain tensor itself; a DTensor's rows on this process."""
+    return p.to_local() if hasattr(p, "to_local") else p
 
 
 def make_ema(cfg: Any, params: list[torch.nn.Parameter]) -> NoEma:

@@ -161,7 +161,8 @@ class _Job:
                     check_loss(loss, self.step + 1, cfg, s.precision, batch.paths)
                     acc.backward(loss)
                     if acc.sync_gradients:
-                        average_gradients(params, acc)  # more than one process (DDP)
+                        if s.fsdp is None:  # FSDP reduce-scatters in the backward pass
+                            average_gradients(params, acc)  # more than one process (DDP)
                         self._clip(params)
                     s.optimizer.step()
                     s.optimizer.zero_grad(set_to_none=True)
@@ -173,7 +174,8 @@ class _Job:
                 note = s.method.after_step(model, self.step)
                 if note:
                     self.log(note)
-                check_in_step(params, acc, self.step)
+                if s.fsdp is None:  # FSDP's shards differ between processes by design
+                    check_in_step(params, acc, self.step)
                 self._after_step(epoch, mean_loss(loss, acc))
                 if stop_agreed(self.control.stop_requested, acc):  # rank 0 decides
                     self.log(f"Stop requested: saving at step {self.step}")
@@ -211,7 +213,8 @@ class _Job:
             s.accelerator.log({"loss": loss, "loss_avg": meter.loss_avg, "lr": lr}, step=step)
         from trainer.run.validation import maybe_validate  # the validation loss, when it is due
 
-        if s.accelerator.is_main_process:  # rank 0 alone validates, samples and saves
+        # rank 0 alone validates, samples and saves; with FSDP every process takes part
+        if s.accelerator.is_main_process or s.fsdp is not None:
             maybe_validate(s, step, self)
         sv, sm = self.cfg.saving, self.cfg.sampling
         if self.control.take_sample_request() or (
@@ -245,7 +248,7 @@ class _Job:
     def _save(self, epoch: int, suffix: str) -> None:
         from trainer.run.outputs import save_checkpoint
 
-        if not self.session.accelerator.is_main_process:
+        if not self.session.accelerator.is_main_process and self.session.fsdp is None:
             return
         progress = self._progress() if self.cfg.saving.save_state else None
         path = save_checkpoint(self.session, self, epoch, self.step, suffix, self.started_at,
@@ -256,7 +259,7 @@ class _Job:
     def _samples(self) -> None:
         from trainer.run.outputs import save_samples
 
-        if not self.session.accelerator.is_main_process:
+        if not self.session.accelerator.is_main_process and self.session.fsdp is None:
             return
         if self._sampled_at == self.step:  # e.g. every N steps and the end of an epoch
             return

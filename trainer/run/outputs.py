@@ -47,26 +47,33 @@ def run_facts(s: Any, epoch: int, step: int, started_at: float):
 def save_checkpoint(s: Any, out: Any, epoch: int, step: int, suffix: str,
                     started_at: float, progress: Any = None) -> Path:
     """Save what was trained; suffix ``""`` is the run's final output. With ``progress`` (a
-    :class:`trainer.run.state.Progress`) the training state is saved beside it."""
+    :class:`trainer.run.state.Progress`) the training state is saved beside it. Rank 0 alone
+    calls it, except with FSDP: every process then takes part in gathering the weights, and
+    rank 0 writes."""
     from trainer.run.failures import disk_full
+    from trainer.run.fsdp import full_model
     from trainer.run.hub import upload_save
     from trainer.run.keep_last import keep_last
     from trainer.run.state import save_state
 
-    cfg = s.cfg
+    cfg, main = s.cfg, s.accelerator.is_main_process
     path = Path(cfg.saving.output_dir) / f"{cfg.saving.output_name}{suffix}.safetensors"
     facts = run_facts(s, epoch, step, started_at)
     try:
         # schedule-free's averaged weights; the EMA's with saving.use_ema_weights
-        with averaged_weights(s.optimizer), s.ema.applied():
-            s.method.save(path, s.model, facts, final=not suffix)
-        config_io.save(cfg, path.with_suffix(".toml"))
+        with averaged_weights(s.optimizer), s.ema.applied(), full_model(s) as model:
+            if main:  # FSDP: the gathered copy on rank 0
+                s.method.save(path, model, facts, final=not suffix)
+        if main:
+            config_io.save(cfg, path.with_suffix(".toml"))
         state = save_state(s, progress) if progress is not None else None
     except OSError as exc:
         full = disk_full(exc, path)
         if full is None:
             raise
         raise full from None
+    if not main:
+        return path
     out.log(f"Saved {path}" + (f" and the training state {state}" if state else ""))
     out.emit(Checkpoint(step=step, epoch=epoch, path=str(path),
                         state=str(state) if state else None))
@@ -83,8 +90,10 @@ def save_samples(s: Any, out: Any, step: int) -> None:
     prompts = [p.prompt for p in sample_prompts(s.cfg)]
     if not prompts:
         return
-    with averaged_weights(s.optimizer), s.ema.applied():
+    with averaged_weights(s.optimizer), s.ema.applied():  # FSDP: on every process, in step
         paths = make_samples(s.model, s.cfg, step, s.accelerator)
+    if not s.accelerator.is_main_process:
+        return
     out.log(f"Sample images: {', '.join(str(p) for p in paths)}")
     out.emit(Sample(step=step, paths=tuple(str(p) for p in paths), prompts=tuple(prompts)))
 

@@ -64,7 +64,8 @@ def make_samples(model: Any, cfg: TrainConfig, step: int, accelerator: Any) -> l
             with torch.no_grad(), accelerator.autocast():
                 image = pipe(**_call_args(model, cfg, pipe, spec, i)).images[0]
             path = out_dir / f"{cfg.saving.output_name}_{step:06d}_{i:02d}.png"
-            image.save(path)
+            if accelerator.is_main_process:  # FSDP: every process samples, rank 0 writes
+                image.save(path)
             paths.append(path)
     finally:
         model.unet.train(unet_training)

@@ -21,7 +21,7 @@ import torch
 from trainer.config import TrainConfig
 from trainer.config.plan import StepPlan, plan_steps
 from trainer.events import Event
-from trainer.run import full_fp16
+from trainer.run import fsdp, full_fp16
 from trainer.run.cpu_precision import choose_cpu_precision, cpu_bf16_norms
 from trainer.run.ema import NoEma, make_ema
 from trainer.run.state import Progress
@@ -61,6 +61,7 @@ class Session:
     shard: Optional[tuple[int, int]] = None  # (rank, processes) with more than one process
     threads: Any = None  # trainer.system.threads.CpuThreads on the CPU backend
     ema: Any = field(default_factory=NoEma)  # training.ema_decay: trainer/run/ema.py
+    fsdp: Any = None  # training.distributed = 'fsdp': trainer/run/fsdp.py's Sharded
 
     def release(self) -> None:
         """Drop the models and free the device memory (the GUI process lives on)."""
@@ -94,6 +95,7 @@ def prepare(s: Session, out: Reporter) -> None:
     from trainer.system.library_lock import library_imports
 
     check_output_dir(s.cfg)
+    fsdp.check_processes(s.cfg)  # training.distributed = 'fsdp' on one process is refused
     resume = resolve_resume(s.cfg) if s.cfg.training.resume else None
     _device(s, out)
     s.method = get_method(s.cfg)
@@ -223,16 +225,18 @@ def _place_and_inject(s: Session, out: Reporter) -> list[dict[str, Any]]:
     model, device, tr = s.model, s.accelerator.device, s.cfg.training
     model.vae.to(device).eval()  # the VAE stays fp32: SD's VAE overflows in fp16
     memory = _memory_plan(s, out)  # issue 19: fp8 / NF4 base, block swap
+    place = fsdp.placement(s.cfg, device)  # FSDP: the CPU, sharding moves them block by block
     for module in _networks(model):
         if memory.holds(module):
             continue
-        module.to(device) if s.dtype == torch.float32 else module.to(device, s.dtype)
+        module.to(place) if s.dtype == torch.float32 else module.to(place, s.dtype)
     cpu_bf16_norms(s.device_info.backend, s.dtype, _networks(model))  # issue 20: mixed dtype
     groups = s.method.prepare(model)
     trained = _trained_modules(model)
     # trained weights in fp32 (or bf16 / fp16 with full_bf16 / full_fp16); the frozen rest at
     # the compute dtype
     cast_training_params(trained, dtype=full_fp16.trained_dtype(tr))
+    groups = fsdp.shard(s, trained, _networks(model), groups)  # training.distributed = 'fsdp'
     memory.finish(out.log)
     encoders = _networks(model)[1:]
     for encoder in encoders:  # a frozen encoder runs in eval mode (no dropout, no grad)
@@ -364,7 +368,10 @@ def _optimizer(s: Session, groups: list[dict[str, Any]]) -> None:
     s.trained = _trained_modules(s.model)
     if s.accelerator.num_processes > 1:  # no DDP wrapper: see trainer/system/distributed.py
         s.optimizer = s.accelerator.prepare_optimizer(optimizer)
-        broadcast_params(s.trained, s.accelerator)
+        if s.fsdp is None:  # FSDP: every process loaded the same file and keeps its shard
+            broadcast_params(s.trained, s.accelerator)
+            for module in s.trained:  # prepare's autocast (as one process has), without DDP
+                s.accelerator.prepare_model(module, device_placement=False, evaluation_mode=True)
         return
     s.optimizer = s.accelerator.prepare(*s.trained, optimizer)[-1]
 

@@ -93,21 +93,31 @@ def _set_rng_state(s: Any, state: dict[str, Any]) -> None:
     set_device_rng_state(s.device_info, state["device"])
 
 
-def save_state(s: Any, progress: Progress) -> Path:
-    """Write the state of session ``s`` at ``progress``; returns the folder."""
+def save_state(s: Any, progress: Progress) -> Optional[Path]:
+    """Write the state of session ``s`` at ``progress``; returns the folder. With FSDP every
+    process calls it: the shards are gathered whole (the files of a DDP state), rank 0 writes
+    and the others return None."""
+    from trainer.run.fsdp import gather
     from trainer.system.safe_write import atomic_dir
 
     folder = state_folder(s.cfg, progress.step)
-    tensors = {k: p.detach().to("cpu").contiguous() for k, p in _named_trained(s).items()}
+    main = s.accelerator.is_main_process
+    named = _named_trained(s)
+    optimizer, ema = s.optimizer.state_dict(), s.ema.state_dict()
+    if s.fsdp is not None:
+        named, optimizer, ema = gather((named, optimizer, ema), keep=main)
+    if not main:
+        return None
+    tensors = {k: p.detach().to("cpu").contiguous() for k, p in named.items()}
     with atomic_dir(folder) as tmp:
         save_file(tensors, str(tmp / "trained.safetensors"))
-        torch.save(s.optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(optimizer, tmp / "optimizer.pt")
         torch.save(s.scheduler.state_dict(), tmp / "scheduler.pt")
         torch.save(_rng_state(s), tmp / "rng.pt")
         scaler = getattr(s.accelerator, "scaler", None)
         if scaler is not None:
             torch.save(scaler.state_dict(), tmp / "scaler.pt")
-        s.ema.save(tmp)  # training.ema_decay: the shadow weights and their step count
+        s.ema.save(tmp, ema)  # training.ema_decay: the shadow weights and their step count
         config_io.save(s.cfg, tmp / "config.toml")
         (tmp / PROGRESS).write_text(json.dumps(asdict(progress)), encoding="utf-8")
     return folder
@@ -184,10 +194,12 @@ def load_state(s: Any, folder: Path) -> Progress:
     if set(tensors) != set(params):
         raise StateError(f"training.resume: {folder} holds other trained parameters than this "
                          f"run trains; it belongs to another run")
-    with torch.no_grad():
-        for name, param in params.items():
-            param.copy_(tensors[name])
-    s.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
+    from trainer.run.fsdp import put, shard_state
+
+    for name, param in params.items():
+        put(param, tensors[name])  # FSDP: this process's rows
+    optimizer = torch.load(folder / "optimizer.pt", weights_only=True)
+    s.optimizer.load_state_dict(shard_state(optimizer, s.optimizer) if s.fsdp else optimizer)
     s.scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=True))
     scaler = getattr(s.accelerator, "scaler", None)
     if scaler is not None and (folder / "scaler.pt").is_file():

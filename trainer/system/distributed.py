@@ -15,8 +15,16 @@ process runs the same loop on its share of each batch. The design, and why:
   The modules are not wrapped in ``DistributedDataParallel``: the trained parameters (LoRA
   layers, an embedding) live inside the UNet and the text encoders, which the model families
   call directly, and DDP's hooks only sync when its wrapper's ``forward`` runs.
+* **Mixed precision.** One process gets autocast (and fp32 outputs) on the trained modules
+  from accelerate's ``prepare``; with more, ``prepare_model(evaluation_mode=True)`` gives them
+  the same without the DDP wrapper (trainer/run/session.py), so a bf16 DreamBooth trains fp32
+  weights under autocast here too.
 * **Rank 0** alone writes files, samples, states, validation and events; Stop is rank 0's
   decision, broadcast at each step boundary so that every process stops at the same step.
+* **FSDP** (``training.distributed = "fsdp"``, trainer/run/fsdp.py) shards DreamBooth's trained
+  networks instead: FSDP's hooks reduce-scatter the gradients (:func:`average_gradients` and
+  :func:`check_in_step` are skipped), and every process takes part in saves, samples and
+  validation, whose weights must be gathered; rank 0 still writes alone.
 
 With one process nothing here runs: every helper returns at once.
 """

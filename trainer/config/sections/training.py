@@ -30,6 +30,16 @@ class TrainingSection(TrainingParity):
         "processes (x machines).", advanced=True, ge=1, le=64,
         label="Processes (GPUs)",
     )
+    distributed: Literal["ddp", "fsdp"] = setting(
+        "ddp", "How the processes of a multi-process run share the model. ddp: every GPU "
+        "holds the whole model, its gradients and optimizer state; the gradients are "
+        "averaged. fsdp: the trained UNet / transformer (and trained text encoders) is fully "
+        "sharded with PyTorch FSDP2, each GPU holding 1/N of the weights, gradients and "
+        "optimizer state and gathering one block at a time: a full fine-tune that does not "
+        "fit one GPU. DreamBooth with more than one process; AdamW, Lion, SGDNesterov or a "
+        "schedule-free optimizer.", advanced=True, modes=("dreambooth",),
+        label="Multi-GPU strategy",
+    )
     mixed_precision: Literal["auto", "no", "fp16", "bf16"] = setting(
         "auto", "Compute precision; auto picks what the device does best.",
         label="Mixed precision",
