@@ -113,7 +113,8 @@ def prepare(s: Session, out: Reporter) -> None:
         if ensure_class_images(s.cfg, s.model, s.device_info, s.precision, out) or rank():
             s.data = prepare_dataset(s.cfg, warn=lambda m: out.log(m, "warning"))
     _noise_schedule(s, out)
-    s.accelerator = _accelerator(s.cfg, s.device_info, s.precision)
+    with library_imports():  # accelerate and its trackers import on first use too
+        s.accelerator = _accelerator(s.cfg, s.device_info, s.precision)
     if s.accelerator.num_processes > 1:
         s.shard = (s.accelerator.process_index, s.accelerator.num_processes)
     with library_imports():
