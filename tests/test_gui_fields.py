@@ -55,7 +55,8 @@ SPECIAL = {"optimizer.optimizer_class": "torch.optim.SGD",
            "network.down_lr_weight": "cosine", "network.up_lr_weight": "sine+1",
            "network.mid_lr_weight": "0.5",
            "network.block_dims": [4] * 25, "network.block_alphas": [2.0] * 25,
-           "network.conv_block_dims": [4] * 25, "network.conv_block_alphas": [2.0] * 25}
+           "network.conv_block_dims": [4] * 25, "network.conv_block_alphas": [2.0] * 25,
+           "optimizer.block_lr": [1e-5] * 23}
 
 
 def other_value(spec: FieldSpec) -> Any:
@@ -117,6 +118,8 @@ COMPANIONS = {"network.conv_alpha": {"network.conv_dim": 4},
                  for name in ("async_upload",)},
               "saving.save_state_to_huggingface": {"saving.huggingface_repo_id": "someone/a-lora",
                                                    "saving.save_state": True},
+              "saving.resume_from_huggingface": {"training.resume": "someone/a-lora/x-state"},
+              "optimizer.block_lr": {"model.pretrained_model_name_or_path": "embedded:tiny-sdxl"},
               **{f"saving.save_last_n_{unit}{state}": {f"saving.save_every_n_{unit}": 1,
                                                       "saving.save_state": True}
                  for unit in ("epochs", "steps") for state in ("", "_state")},

@@ -1,21 +1,25 @@
 """saving.huggingface_repo_id (trainer/run/hub.py): 2-step runs that upload to a fake Hub on
-127.0.0.1 (a small HTTP server answering the three calls huggingface_hub makes: create_repo,
-preupload, commit), one whose Hub fails, and the token kept out of every file. Only this
+127.0.0.1 (a small HTTP server answering the three calls huggingface_hub makes to upload:
+create_repo, preupload, commit; and the three it makes to download what was committed: the
+revision, the file tree, each file), one whose Hub fails, a run that resumes from a state it
+uploaded (saving.resume_from_huggingface), and the token kept out of every file. Only this
 module's runs leave offline mode, and only towards the fake endpoint."""
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from safetensors.torch import load_file
 from train_helpers import one_image_dataset, small_config
 
 from trainer.config.files import ConfigError, from_dict
-from trainer.events import Finished, ListSink, Log
+from trainer.events import Finished, ListSink, Log, Step
 from trainer.run.hub import parse_resume, repo_path
 from trainer.run.loop import run
 
@@ -23,11 +27,17 @@ TOKEN = "hf_fakeTokenNeverWritten1234567890"
 MAX_REQUESTS = 40
 
 
+COMMIT = "1" * 40
+
+
 class FakeHub:
-    """Records what is committed; ``fail`` answers every call with HTTP 500."""
+    """Records what is committed and serves it back (one repository, one revision); ``fail``
+    answers every call with HTTP 500."""
 
     def __init__(self, fail: bool = False):
         self.fail, self.calls, self.files, self.created = fail, [], {}, []
+        self.reads: list[str] = []  # every GET / HEAD
+        self.downloads: list[str] = []  # the files downloaded
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -38,13 +48,29 @@ class FakeHub:
                     return self._answer(500, {"error": "the fake Hub fails"})
                 return self._answer(200, hub.answer(self.path, body))
 
-            def _answer(self, code, payload):
-                data = json.dumps(payload).encode()
+            def do_GET(self, head: bool = False):  # noqa: N802
+                hub.reads.append(self.path)
+                found = hub.serve(self.path)
+                if hub.fail or found is None:
+                    return self._answer(404, {"error": "not on the fake Hub"}, head)
+                data, headers = found
+                self._send(200, data, headers, head)
+
+            def do_HEAD(self):  # noqa: N802
+                self.do_GET(head=True)
+
+            def _answer(self, code, payload, head=False):
+                self._send(code, json.dumps(payload).encode(),
+                           {"Content-Type": "application/json"}, head)
+
+            def _send(self, code, data, headers, head=False):
                 self.send_response(code)
-                self.send_header("Content-Type", "application/json")
+                for key, value in headers.items():
+                    self.send_header(key, value)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(data)
+                if not head:
+                    self.wfile.write(data)
 
             def log_message(self, *args):
                 pass
@@ -71,6 +97,27 @@ class FakeHub:
             return {"commitUrl": f"{self.url}/{repo}/commit/{'1' * 40}", "commitOid": "1" * 40}
         return {}
 
+    def serve(self, path: str):
+        """(bytes, headers) for huggingface_hub's download calls: the revision's info, the
+        file tree and each file under /<repo>/resolve/<commit>/; None for anything else."""
+        path = path.split("?")[0]
+        api = "/api/models/" + "/".join(path.split("/")[3:5]) if path.startswith("/api/") else ""
+        if api and path.startswith(api + "/revision/"):
+            siblings = [{"rfilename": name} for name in self.files]
+            return json.dumps({"id": api[12:], "sha": COMMIT, "siblings": siblings}).encode(), \
+                {"Content-Type": "application/json"}
+        if api and path.startswith(api + "/tree/"):
+            tree = [{"type": "file", "path": name, "size": len(data),
+                     "oid": hashlib.sha1(data).hexdigest()} for name, data in self.files.items()]
+            return json.dumps(tree).encode(), {"Content-Type": "application/json"}
+        parts = path.split("/", 5)  # '', owner, name, 'resolve', commit, file
+        if len(parts) == 6 and parts[3] == "resolve" and parts[5] in self.files:
+            self.downloads.append(parts[5])
+            data = self.files[parts[5]]
+            return data, {"X-Repo-Commit": COMMIT, "ETag": f'"{hashlib.sha1(data).hexdigest()}"',
+                          "Content-Type": "application/octet-stream"}
+        return None
+
     def __enter__(self):
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         return self
@@ -81,7 +128,7 @@ class FakeHub:
 
 
 @pytest.fixture
-def online(monkeypatch):
+def online(monkeypatch, tmp_path):
     """Leave offline mode for this test only; huggingface_hub reads its endpoint per call."""
     import huggingface_hub.constants as hc
 
@@ -91,6 +138,10 @@ def online(monkeypatch):
         monkeypatch.setenv("HF_TOKEN", TOKEN)
         monkeypatch.setattr(hc, "HF_HUB_OFFLINE", False)
         monkeypatch.setattr(hc, "ENDPOINT", url)
+        monkeypatch.setattr(hc, "HUGGINGFACE_CO_URL_TEMPLATE",  # the file URLs of downloads
+                            url + "/{repo_id}/resolve/{revision}/{filename}")
+        monkeypatch.setattr(hc, "HF_HUB_CACHE", str(cache))  # downloads stay in the test's
+    cache = tmp_path / "hf-cache"
     return point_at
 
 
@@ -188,3 +239,63 @@ def test_import_kohya_maps_the_hub_keys_and_keeps_the_token_out(tmp_path):
     cfg, _ = import_kohya({"LoRA_type": "Standard", "huggingface_repo_id": "me/lora",
                            "huggingface_repo_visibility": "public"})
     assert cfg.saving.huggingface_repo_visibility == "public"
+
+
+def test_a_run_resumes_from_the_state_it_uploaded_to_the_hub(tmp_path, online):
+    """sd-scripts' --resume_from_huggingface: training.resume = owner/name/<folder>; the state
+    is downloaded (only its folder) and the run goes on from it, exactly as from the folder on
+    disk: the final LoRA equals the one of the run that never stopped."""
+    cfg = hub_config(tmp_path, save_every_n_steps=1, save_state=True,
+                     save_state_to_huggingface=True, huggingface_path_in_repo="runs")
+    with FakeHub() as hub:
+        online(hub.url)
+        whole = ListSink()
+        run(cfg, whole)
+        state = "runs/hubrun-step00000001-state"
+        assert f"{state}/progress.json" in hub.files
+        raw = cfg.model_dump(mode="json", exclude_none=True)
+        raw["saving"].update(output_dir=str(tmp_path / "resumed"), huggingface_repo_id=None,
+                             save_state_to_huggingface=False, resume_from_huggingface=True)
+        raw["training"]["resume"] = f"me/tiny-lora/{state}"
+        resumed = from_dict(raw)
+        sink = ListSink()
+        result = run(resumed, sink)
+    assert result.status == "finished", result.error
+    assert [e.step for e in sink.of(Step)] == [2]  # step 1 came from the Hub's state
+    assert hub.downloads and all(name.startswith(state + "/") for name in hub.downloads)
+    first = load_file(Path(cfg.saving.output_dir) / "hubrun.safetensors")
+    second = load_file(result.output_path)
+    assert first.keys() == second.keys() and all(first[k].equal(second[k]) for k in first)
+
+
+def test_resume_from_huggingface_is_refused_without_a_hub_state_to_resume(tmp_path):
+    data = one_image_dataset(tmp_path / "data")
+    cases = ((None, "saving.resume_from_huggingface downloads the state that training.resume "
+                    "names"),
+             ("latest", "training.resume = 'latest' looks for a state in saving.output_dir"),
+             ("no-slash-state", "training.resume = 'no-slash-state': with "
+                                "saving.resume_from_huggingface it names a state"),
+             ("me/r/x-state:main:nope", "'model', 'dataset' or 'space', not 'nope'"))
+    for resume, named in cases:
+        training = {"resume": resume} if resume else {}
+        with pytest.raises(ConfigError) as err:
+            small_config(tmp_path, data, training=training,
+                         saving={"resume_from_huggingface": True})
+        assert named in str(err.value), (resume, str(err.value))
+    cfg = small_config(tmp_path, data, training={"resume": "me/r/runs/x-state:v1"},
+                       saving={"resume_from_huggingface": True})
+    assert parse_resume(cfg.training.resume) == ("me/r", "runs/x-state", "v1", "model")
+
+
+def test_import_kohya_reads_resume_from_huggingface_only_with_resume():
+    from trainer.importers.kohya_ss import import_kohya
+
+    cfg, report = import_kohya({"LoRA_type": "Standard", "resume_from_huggingface": True,
+                                "resume": ""})
+    assert not cfg.saving.resume_from_huggingface and not report.unsupported
+    assert dict(report.not_needed)["resume_from_huggingface"].startswith(
+        "sd-scripts reads it only with resume")
+    cfg, report = import_kohya({"LoRA_type": "Standard", "resume_from_huggingface": True,
+                                "resume": "me/lora/runs/a-state"})
+    assert cfg.saving.resume_from_huggingface and cfg.training.resume == "me/lora/runs/a-state"
+    assert not report.unsupported and not report.not_needed

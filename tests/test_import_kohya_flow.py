@@ -1,8 +1,9 @@
 """Importing kohya_ss's FLUX.1 and SD3 configs (issue 18): the shipped FLUX.1 LoRA preset and the
 two SD3 DreamBooth presets import with every key accounted for; the family switch, the
-component files (named differently by the LoRA and DreamBooth tabs), the flow settings and
-sd-scripts' SD3 objective map; the DDPM options the form still saves, the memory options of
-issue 19 and the other family's keys are reported with the reason instead of imported."""
+component files (named differently by the LoRA and DreamBooth tabs), the flow settings,
+sd-scripts' SD3 objective and the memory options (fp8 base weights, block swap) map; the DDPM
+options the form still saves and the other family's keys are reported with the reason instead
+of imported."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from trainer.config.files import ConfigError
+from trainer.importers.kohya_memory import flux_units
 from trainer.importers.kohya_ss import import_kohya
 
 DATA = Path(__file__).parent / "data" / "kohya_ss"
@@ -51,7 +53,9 @@ def test_the_flux_preset_keeps_its_flow_settings_and_reports_the_rest():
     assert cfg.network.network_type == "lora" and cfg.network.network_dim == 16
     assert cfg.network.train_blocks == "all"
     why = reasons(report)
-    assert "issue 19" in why["fp8_base"]
+    # fp8_base without fp8_base_unet: sd-scripts stores the transformer and T5 in fp8
+    assert cfg.model.base_precision == "fp8" and cfg.model.fp8_text_encoders is True
+    assert "split_mode" in report.unset and "mem_eff_save" in why
     assert "attention mask" in why["apply_t5_attn_mask"]
     for key in ("noise_offset", "min_snr_gamma", "max_timestep"):  # DDPM: not read by FLUX.1
         assert "flow matching" in why[key], key
@@ -91,7 +95,10 @@ def test_the_lora_tabs_sd3_file_names_and_the_flux_keys_it_also_saves():
     for key in ("clip_l", "t5xxl", "ae", "guidance_scale", "timestep_sampling", "train_blocks",
                 "t5xxl_max_token_length"):
         assert "flux1_checkbox" in why[key] or "its switch" in why[key], key
-    assert "issue 19" in why["blocks_to_swap"]
+    # SD3's blocks_to_swap counts its joint blocks, as here; block swap needs checkpointing
+    assert cfg.training.blocks_to_swap == 8 and cfg.training.gradient_checkpointing
+    assert any("gradient_checkpointing turned on" in n for n in report.notes)
+    assert not report.unsupported
     assert report.keys() == set(LORA_SD3)
 
 
@@ -121,7 +128,9 @@ def test_an_sd_file_reports_the_flow_keys_that_kohya_ss_saves_anyway():
 def test_split_mode_trains_the_single_blocks_and_train_blocks_alone_is_not_passed():
     base = {"LoRA_type": "Flux1", "flux1_checkbox": True, "network_dim": 4}
     cfg, report = import_kohya({**base, "train_blocks": "double", "split_mode": True})
-    assert cfg.network.train_blocks == "single" and "issue 19" in reasons(report)["split_mode"]
+    assert cfg.network.train_blocks == "single" and not report.unsupported
+    # sd-scripts: split_mode without blocks_to_swap swaps 18 blocks (9 double, 18 single)
+    assert cfg.training.blocks_to_swap == flux_units(18)
     cfg, report = import_kohya({**base, "train_blocks": "double", "split_mode": False})
     assert cfg.network.train_blocks == "all"
     assert any(n.startswith("train_blocks:") for n in report.notes)
@@ -130,13 +139,14 @@ def test_split_mode_trains_the_single_blocks_and_train_blocks_alone_is_not_passe
 def test_split_qkv_and_the_options_this_studio_does_not_have():
     data = {"LoRA_type": "Flux1", "flux1_checkbox": True, "network_dim": 4, "split_qkv": False,
             "img_attn_dim": "8", "cpu_offload_checkpointing": True, "fp8_base_unet": True,
-            "t5xxl_lr": 1e-5, "train_t5xxl": False, "model_type": "chroma"}
+            "fp8_base": True, "t5xxl_lr": 1e-5, "train_t5xxl": False, "model_type": "chroma"}
     cfg, report = import_kohya(data)
     why = reasons(report)
     assert "q, k and v each have a LoRA" in why["split_qkv"] and "not available" in why["split_qkv"]
     assert "per-part ranks" in why["img_attn_dim"] and "Chroma" in why["model_type"]
-    for key in ("cpu_offload_checkpointing", "fp8_base_unet"):
-        assert "issue 19" in why[key], key
+    assert "activations in host memory" in why["cpu_offload_checkpointing"]
+    # fp8_base_unet: the transformer in fp8, T5 at the compute precision (sd-scripts)
+    assert cfg.model.base_precision == "fp8" and cfg.model.fp8_text_encoders is False
     assert "text_encoder_lr" in why["t5xxl_lr"]
     assert report.keys() == set(data)
 

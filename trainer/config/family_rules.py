@@ -39,10 +39,11 @@ def family_problems(cfg: Any, family: str, precision: Optional[str] = None) -> l
     """What ``cfg`` asks of a ``family`` model that it cannot do; ``precision`` is the resolved
     mixed precision when known (the run), else ``training.mixed_precision``."""
     from trainer.config.network_rules import network_extra_problems  # LoRA+, block-wise, ...
-    from trainer.config.parity_rules import caption_family_problems
+    from trainer.config.parity_rules import block_lr_family_problems, caption_family_problems
 
     name = FAMILY_NAMES[family]
     extra = network_extra_problems(cfg.network, family) if cfg.mode == "lora" else []
+    extra += block_lr_family_problems(cfg, family, name)
     if family not in FLOW_FAMILIES:
         unread = [f"model.{key}" for key in ("ae", "clip_l", "clip_g", "t5xxl")
                   if getattr(cfg.model, key) is not None]

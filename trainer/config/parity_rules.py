@@ -12,7 +12,11 @@ from trainer.optim.optimizers import ONE_LR  # noqa: F401 - the importer reads i
 
 
 def parity_checks(cfg: Any) -> None:
+    from trainer.config.hub_rules import hub_resume_checks
+
+    block_lr_checks(cfg)
     one_rate_checks(cfg)
+    hub_resume_checks(cfg)
     caption_checks(cfg)
     color_aug_checks(cfg)
     full_fp16_checks(cfg)
@@ -28,6 +32,37 @@ def full_fp16_checks(cfg: Any) -> None:
     if tr.full_fp16 and tr.mixed_precision != "fp16":
         raise ValueError(f"training.full_fp16 needs training.mixed_precision = 'fp16' (not "
                          f"{tr.mixed_precision!r}): fp16 weights train under fp16's loss scaler")
+
+
+def block_lr_checks(cfg: Any) -> None:
+    """optimizer.block_lr is sdxl_train.py's (DreamBooth); it replaces the UNet's rate. The
+    family is checked with the others (family_rules.family_problems: SDXL only)."""
+    rates, opt = cfg.optimizer.block_lr, cfg.optimizer
+    if rates is None:
+        return
+    if cfg.mode != "dreambooth":
+        raise ValueError(f"optimizer.block_lr is the per-block rate of SDXL DreamBooth "
+                         f"(sd-scripts' sdxl_train.py); mode {cfg.mode!r} does not read it"
+                         + ("; a LoRA's block rates are network.down_lr_weight / "
+                            "mid_lr_weight / up_lr_weight" if cfg.mode == "lora" else "")
+                         + "; unset it")
+    if not cfg.network.train_unet:
+        raise ValueError("optimizer.block_lr sets the UNet's rates but network.train_unet is "
+                         "off; unset one of them")
+    if opt.unet_lr is not None:
+        raise ValueError("optimizer.block_lr and optimizer.unet_lr both set the UNet's rate; "
+                         "keep block_lr (one rate per block) or unset it")
+    if not any(rates):
+        raise ValueError("optimizer.block_lr is 0 for all 23 blocks: nothing of the UNet "
+                         "would train; set network.train_unet = false instead")
+
+
+def block_lr_family_problems(cfg: Any, family: str, name: str) -> list[str]:
+    """optimizer.block_lr on a model of ``family`` (its ``name`` for the message)."""
+    if cfg.optimizer.block_lr is None or family == "sdxl" or cfg.mode != "dreambooth":
+        return []
+    return [f"optimizer.block_lr counts the 23 blocks of SDXL's UNet (sd-scripts' "
+            f"sdxl_train.py); {name} does not read it; unset it"]
 
 
 def color_aug_checks(cfg: Any) -> None:
@@ -74,7 +109,11 @@ def trained_rates(cfg: Any) -> dict[str, float]:
         second = net.train_text_encoder if net.train_text_encoder_2 is None \
             else net.train_text_encoder_2
         parts["second text encoder"] = (second, opt.text_encoder_2_lr or te)
-    return {part: lr for part, (on, lr) in parts.items() if on}
+    out = {part: lr for part, (on, lr) in parts.items() if on}
+    if "unet" in out and cfg.mode == "dreambooth" and opt.block_lr is not None:
+        del out["unet"]  # sdxl_train.py: one group per UNet block at its own rate
+        out.update({f"UNet block {i}": lr for i, lr in enumerate(opt.block_lr) if lr})
+    return out
 
 
 def one_rate_checks(cfg: Any) -> None:

@@ -12,7 +12,13 @@ from typing import Any
 
 from trainer.config.plan import plan_steps
 from trainer.importers import kohya_convert as c
-from trainer.importers import kohya_extra, kohya_flow, kohya_keep_last, kohya_run_extra
+from trainer.importers import (
+    kohya_extra,
+    kohya_flow,
+    kohya_keep_last,
+    kohya_memory,
+    kohya_run_extra,
+)
 from trainer.importers.kohya_extra_table import optimizer_target
 from trainer.importers.kohya_network import NETWORK_KEYS, network, optimizer
 from trainer.importers.kohya_report import Ctx
@@ -296,6 +302,9 @@ FLAG_RULES: dict[str, Rule] = {
     "resolution": Rule("dataset.resolution", lambda v: c.resolution(v)[0]),
     "v_parameterization": Rule("model.prediction_type", lambda v: "v_prediction"),
     **kohya_keep_last.FLAG_RULES,  # --save_last_n_*: the schema checks their schedule
+    "fp8_base": Rule("model.base_precision", lambda v: "fp8", ("lora",)),  # kohya_memory.py
+    "block_lr": Rule("optimizer.block_lr", kohya_extra.block_rates, ("dreambooth",)),
+    "resume_from_huggingface": Rule("saving.resume_from_huggingface", c.to_bool),
 }
 
 
@@ -353,7 +362,10 @@ DERIVED: list[tuple[tuple[str, ...], Any]] = [
     (kohya_keep_last.KEYS, kohya_keep_last.keep_last),  # after save_every_n_* / save_state
     (("optimizer", "optimizer_args"), optimizer),
     (kohya_extra.CONTEXT_KEYS, kohya_extra.in_context),
+    (kohya_extra.BLOCK_LR_KEYS, kohya_extra.block_lr),
+    (kohya_run_extra.HUB_RESUME_KEYS, kohya_run_extra.hub_resume),
     (("additional_parameters",), additional_parameters),
     (kohya_run_extra.CACHE_KEYS, kohya_run_extra.latent_cache),  # after the flags
+    (kohya_memory.KEYS, kohya_memory.memory),  # after the flags (gradient_checkpointing)
     (kohya_flow.KEYS, kohya_flow.flow),  # last: it drops the DDPM options mapped above
 ]

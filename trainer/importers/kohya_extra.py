@@ -64,3 +64,39 @@ def one_rate(ctx: Ctx, opt: dict[str, Any]) -> None:
     ctx.note("unet_lr", f"{name} steps every part at one rate (sd-scripts warns that only the "
                         f"first group's, the text encoder's {first:g}, takes effect): the UNet "
                         f"trains at {first:g}, not {unet:g}")
+
+
+BLOCK_LR_KEYS = ("block_lr",)
+
+
+def block_lr(ctx: Ctx) -> None:
+    """The finetune tab's "Block LR (SDXL)": kohya_ss writes it into every finetune config, and
+    only sdxl_train.py reads it (23 comma-separated rates, asserted there)."""
+    text = ctx.raw("block_lr")
+    if c.is_empty(text):
+        ctx.unset("block_lr")
+        return
+    sdxl = any(c.to_bool(ctx.raw(k, False)) is True for k in ("sdxl", "sdxl_checkbox"))
+    if ctx.mode != "dreambooth":
+        ctx.skip("block_lr", f"sd-scripts reads it in sdxl_train.py (SDXL DreamBooth and "
+                             f"fine-tuning) only, not in {ctx.mode} mode")
+        return
+    if not sdxl:
+        ctx.skip("block_lr", "sd-scripts reads it in sdxl_train.py only; without sdxl, "
+                             "kohya_ss runs fine_tune.py / train_db.py, which do not")
+        return
+    try:
+        ctx.set("block_lr", "optimizer.block_lr", block_rates(text))
+    except ValueError as exc:
+        ctx.problems.append(f"block_lr = {text!r}: {exc}")
+
+
+def block_rates(text: Any) -> list[float]:
+    """sdxl_train.py's ``--block_lr`` text: 23 comma-separated rates (asserted there)."""
+    try:
+        rates = [float(v) for v in str(text).split(",")]
+    except ValueError:
+        raise ValueError("23 comma-separated learning rates, one per UNet block") from None
+    if len(rates) != 23:
+        raise ValueError(f"{len(rates)} values; sdxl_train.py needs 23, one per UNet block")
+    return rates

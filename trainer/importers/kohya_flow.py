@@ -15,7 +15,7 @@ not save), and compare ``noisy - sigma * output`` with the latents (``sigma_scal
 sd-scripts' FLUX.1 and SD3 trainers read none of the DDPM options (noise offset, min-SNR,
 timestep range for FLUX.1...): those the kohya_ss form still saves are reported as not needed
 instead of imported, as the config would refuse them (trainer/config/family_rules.py).
-The memory options (fp8 base weights, block swap, CPU-offloaded checkpointing) are issue 19's.
+The memory options (fp8 base weights, block swap) are kohya_memory.py's.
 """
 
 from __future__ import annotations
@@ -60,14 +60,12 @@ ENCODER_FILES = {"model.clip_l": {"flux1": ("flux1_clip_l", "clip_l"),
                  "model.t5xxl": {"flux1": ("flux1_t5xxl", "t5xxl"),
                                  "sd3": ("sd3_t5xxl", "t5xxl")}}
 
-ISSUE_19 = ("a memory option of issue 19 (fp8 base weights, block swap, offloading), not in "
-            "this version; until then pick a smaller batch, resolution or rank")
 _RANKS = "per-part ranks and block choices of sd-scripts' lora_flux (one rank for all here)"
 _DROPOUT = "caption dropout per text encoder (dataset.caption_dropout_rate drops whole captions)"
 UNSUPPORTED: dict[str, str] = {
-    **dict.fromkeys(("fp8_base_unet", "blocks_to_swap", "single_blocks_to_swap",
-                     "double_blocks_to_swap", "cpu_offload_checkpointing", "mem_eff_save",
-                     "t5xxl_device"), ISSUE_19),
+    "cpu_offload_checkpointing": "sd-scripts' FLUX.1 option that keeps the checkpointed "
+                                 "activations in host memory; not available here "
+                                 "(training.blocks_to_swap moves weights, not activations)",
     **dict.fromkeys(("flux_fused_backward_pass", "sd3_fused_backward_pass",
                      "blockwise_fused_optimizers"), "fused optimizer steps"),
     **dict.fromkeys(("img_attn_dim", "img_mlp_dim", "img_mod_dim", "txt_attn_dim",
@@ -80,7 +78,6 @@ UNSUPPORTED: dict[str, str] = {
                      "pos_emb_random_crop_rate"), "SD 3.5 medium's scaled positional embedding"),
     "apply_t5_attn_mask": "T5's attention mask: captions are encoded without it, as the "
                           "inference tools do (sd-scripts' docs advise against the mask)",
-    "t5xxl_dtype": "a T5 precision of its own: T5 runs in the run's precision",
     "t5xxl_lr": "a T5 learning rate of its own: T5 trains at optimizer.text_encoder_lr",
     **dict.fromkeys(("save_clip", "save_t5xxl"), "text encoders inside the DreamBooth file "
                     "(the diffusers folder holds them)"),
@@ -93,6 +90,12 @@ NOT_NEEDED: dict[str, str] = {
                     "the text-encoder cache is kept by the trainer"),
     "sd3_text_encoder_batch_size": "the text-encoder cache is kept by the trainer",
     "sd3_disable_mmap_load_safetensors": "memory handling that the trainer does itself",
+    **dict.fromkeys(("t5xxl_device", "t5xxl_dtype"),
+                    "sd-scripts' SD3 trainers no longer read it (its inference script does); "
+                    "T5 runs on the training device at the run's precision "
+                    "(model.fp8_text_encoders stores it in fp8)"),
+    "mem_eff_save": "how sd-scripts writes a FLUX.1 DreamBooth file (tensor by tensor, less "
+                    "host memory); the file is the same",
     **dict.fromkeys(("show_timesteps", "show_timesteps_resolution"),
                     "a kohya_ss preview of the timestep distribution"),
 }
@@ -112,7 +115,11 @@ SD3_ONLY = (*SD3_RULES, "sd3_clip_l", "sd3_t5xxl", "clip_g_dropout_rate", "clip_
             "sd3_text_encoder_batch_size", "sd3_disable_mmap_load_safetensors",
             "sd3_cache_text_encoder_outputs_to_disk")
 BOTH = ("clip_l", "t5xxl", "blocks_to_swap", "show_timesteps", "show_timesteps_resolution")
-KEYS = tuple(dict.fromkeys((*SWITCHES, *FLUX_ONLY, *SD3_ONLY, *BOTH)))
+# the memory options: kohya_memory.py reads them (with the family this module finds)
+MEMORY_KEYS = ("fp8_base", "fp8_base_unet", "blocks_to_swap", "single_blocks_to_swap",
+               "double_blocks_to_swap", "split_mode")
+KEYS = tuple(k for k in dict.fromkeys((*SWITCHES, *FLUX_ONLY, *SD3_ONLY, *BOTH))
+             if k not in MEMORY_KEYS)
 # sd-scripts' SD3 trainers: density of the weighting scheme, --training_shift 1.0, x0 target
 SD3_OBJECTIVE = {"flow.timestep_sampling": "sigma", "flow.discrete_flow_shift": 1.0,
                  "flow.model_prediction_type": "sigma_scaled"}
@@ -203,7 +210,7 @@ def _owned_key(ctx: Ctx, key: str, family: str) -> None:
     elif key in UNSUPPORTED:
         ctx.unset(key) if is_off(value) or value in ("flux", "") else \
             ctx.refuse(key, UNSUPPORTED[key])
-    elif key in ("train_blocks", "split_mode"):
+    elif key == "train_blocks":
         pass  # _train_blocks
     elif key == "split_qkv":
         ctx.skip(key, "the attention's q, k and v each have a LoRA here (diffusers' split "
@@ -219,9 +226,6 @@ def _train_blocks(ctx: Ctx) -> None:
     """kohya_ss passes train_blocks only as "single" with split_mode (deprecated); otherwise
     sd-scripts trains all blocks, whatever the form's train_blocks says."""
     split = "split_mode" in ctx.data and c.to_bool(ctx.data["split_mode"]) is True
-    if "split_mode" in ctx.data:
-        ctx.refuse("split_mode", "sd-scripts' deprecated split_mode; block swap is "
-                   + ISSUE_19) if split else ctx.unset("split_mode")
     if "train_blocks" not in ctx.data or ctx.mode != "lora":
         if "train_blocks" in ctx.data:
             ctx.skip("train_blocks", f"a LoRA setting, not used in {ctx.mode} mode")

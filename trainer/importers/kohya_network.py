@@ -45,7 +45,8 @@ LORA_TYPES: dict[str, NetType] = {
     "Kohya LoHa": NetType("loha", True, _DROP + ("use_tucker",)),
     "LyCORIS/LoKr": NetType("lokr", True, _LYCO + ("factor", "decompose_both", "use_cp")),
     "Kohya LoKr": NetType("lokr", True, _DROP + ("use_tucker", "factor")),
-    "LyCORIS/iA3": NetType("ia3", False, ("train_on_input",) + _PRESET, rank=False),
+    "LyCORIS/iA3": NetType("ia3", False, ("train_on_input",) + _PRESET, rank=False,
+                           ignored=("train_on_input",)),
     # lycoris/modules/glora.py, boft.py, diag_oft.py: what each reads of kohya_ss' arguments
     "LyCORIS/GLoRA": NetType("glora", True, _DROP + ("train_norm", "use_tucker") + _PRESET,
                              ignored=("use_tucker",)),
@@ -54,6 +55,11 @@ LORA_TYPES: dict[str, NetType] = {
     "LyCORIS/Diag-OFT": NetType("diag-oft", True, _DROP + ("train_norm", "use_tucker",
                                                            "constrain", "rescaled") + _PRESET,
                                 ignored=("use_tucker",)),
+}
+IGNORED_WHY = {  # a key kohya_ss passes and lycoris never reads, why (default: the module)
+    "train_on_input": "lycoris.kohya's create_network does not read it; lycoris' ia3 preset "
+                      "sets train_on_input on the feed-forward output layers (ff.net.2, "
+                      "mlp.fc2), as network_type 'ia3' does here",
 }
 NOT_TRAINED = ("LyCORIS/Native Fine-Tuning", "LoRA-FA", "Flux1 OFT")
 WHY_NOT: dict[str, str] = {}  # LoRA_type -> why it is not trained, for the message
@@ -127,7 +133,7 @@ def network(ctx: Ctx) -> None:
             ctx.skip(key, f"kohya_ss does not pass it for LoRA_type {name!r}")
             continue
         if key in kind.ignored:
-            ctx.skip(key, f"lycoris' {net_type} module does not read it")
+            ctx.skip(key, IGNORED_WHY.get(key, f"lycoris' {net_type} module does not read it"))
             continue
         if key == "LyCORIS_preset" and net_type == "ia3" and ctx.raw(key) == "ia3":
             ctx.unset(key)  # network_type 'ia3' is lycoris' ia3 preset

@@ -26,7 +26,6 @@ RUN_DIRECT: dict[str, tuple[str, Any]] = {
     "huggingface_repo_visibility": ("saving.huggingface_repo_visibility",
                                     lambda value: visibility(value)),
     "save_state_to_huggingface": ("saving.save_state_to_huggingface", c.to_bool),
-    "resume_from_huggingface": ("saving.resume_from_huggingface", c.to_bool),
     "async_upload": ("saving.async_upload", c.to_bool),
 }
 
@@ -55,3 +54,20 @@ def latent_cache(ctx: Any) -> None:
         ctx.note("cache_latents", "off: color_aug changes the pixels at every step, which a "
                                   "latent cache would encode once (sd-scripts refuses the two "
                                   "together)")
+
+
+HUB_RESUME_KEYS = ("resume_from_huggingface",)  # DERIVED: with resume (a DIRECT key)
+
+
+def hub_resume(ctx: Any) -> None:
+    """sd-scripts reads resume_from_huggingface only with --resume (which then names the Hub
+    state): the form's switch with an empty resume is not needed."""
+    key = "resume_from_huggingface"
+    on = c.to_bool(ctx.raw(key))
+    if on is not True:
+        ctx.unset(key)
+    elif c.is_empty(ctx.raw("resume")):
+        ctx.skip(key, "sd-scripts reads it only with resume (the state on the Hub), which the "
+                      "file leaves empty")
+    else:
+        ctx.set(key, "saving.resume_from_huggingface", True)

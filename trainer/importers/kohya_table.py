@@ -137,6 +137,8 @@ DIRECT: dict[str, Rule] = {
     "sdxl_cache_text_encoder_outputs": Rule("dataset.cache_text_encoder_outputs", c.to_bool),
     "token_string": Rule("network.token_string", c.to_text, ("textual_inversion",)),
     "init_word": Rule("network.init_word", c.to_text, ("textual_inversion",)),
+    # the textual-inversion tab's "Resume TI training" file (sd-scripts' --weights)
+    "weights": Rule("network.embedding_weights", c.to_text, ("textual_inversion",)),
     "num_vectors_per_token": Rule("network.num_vectors_per_token", c.to_int,
                                   ("textual_inversion",)),
     "template": Rule("network.caption_templates", c.choice(
@@ -227,25 +229,30 @@ NOT_NEEDED: dict[str, str] = {
                      "latent_metadata_filename"),
                     "finetune metadata preparation; captions and buckets are read from the "
                     "folder here"),
+    # kohya_ss's "Conv" tab of April-July 2023 (then renamed conv_block_dims / _alphas)
+    **dict.fromkeys(("conv_dims", "conv_alphas"),
+                    "kohya_ss's 2023 name of the per-block conv ranks / alphas, which it passed "
+                    "to sd-scripts as network_args conv_dims / conv_alphas; networks.lora never "
+                    "reads those (its names are conv_block_dims / conv_block_alphas, "
+                    "network.conv_block_dims / conv_block_alphas here), so the LoRA trained "
+                    "without them, as here"),
+    "rank_dropout_scale": "nothing sd-scripts runs reads it: kohya_ss passes it (for the "
+                          "LyCORIS types) in network_args to lycoris.kohya, whose "
+                          "create_network never reads it, so lycoris' modules drop ranks "
+                          "without rescaling, as here (network.rank_dropout)",
 }
 
-_BLOCKS = "block-wise learning rates and ranks are not supported"
 NOT_SUPPORTED: dict[str, str] = {
-    "block_lr": "sd-scripts' per-block learning rates of SDXL full fine-tuning (sdxl_train.py); "
-                "LoRA's are down/mid/up_lr_weight",
-    **dict.fromkeys(("conv_dims", "conv_alphas"), _BLOCKS),
-    "weights": "continuing from existing weights (network.network_weights for LoRA files)",
     **dict.fromkeys(("fused_backward_pass", "fused_optimizer_groups",
                      "blockwise_fused_optimizers"), "fused optimizer steps"),
     "train_inpainting": "inpainting models",
-    "fp8_base": "fp8 base weights (issue 19, not in this version)",
-    "dataset_repeats": "repeats come from the N_ prefix of the concept folders",
-    "rank_dropout_scale": "LyCORIS rank-dropout scaling",
+    "dataset_repeats": "the finetune tab's repeats of the whole dataset: here each concept "
+                       "folder's N_ prefix gives its repeats (name the folders N_<concept>)",
     "network_args": "raw network arguments; the LyCORIS options are keys of their own here",
 }
 
 # Values of NOT_SUPPORTED keys that mean "off" in kohya_ss beyond empty / 0 / false.
-OFF_VALUES: dict[str, tuple[Any, ...]] = {}
+OFF_VALUES: dict[str, tuple[Any, ...]] = {"dataset_repeats": (1, "1", 1.0, "1.0")}
 
 _FAMILY_KEYS = (
     "ae", "clip_l", "clip_g", "t5xxl", "t5xxl_device", "t5xxl_dtype", "t5xxl_lr",

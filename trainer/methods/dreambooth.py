@@ -31,7 +31,11 @@ class DreamBoothMethod(MethodBase):
         for _, encoder, _ in family_of(model).text_encoders(model):
             encoder.requires_grad_(False)
         groups: list[dict[str, Any]] = []
-        if net.train_unet:
+        if net.train_unet and opt.block_lr is not None:  # SDXL: sd-scripts' --block_lr
+            from trainer.methods.block_lr import block_groups
+
+            groups += block_groups(model.unet, opt.block_lr)
+        elif net.train_unet:
             groups.append({"params": list(model.unet.parameters()),
                            "lr": opt.unet_lr or opt.learning_rate, "name": "unet"})
         for name, encoder, lr in encoders:

@@ -3,7 +3,8 @@
 ``network.token_string`` becomes ``num_vectors_per_token`` tokens, named as diffusers and
 AUTOMATIC1111 expand an embedding of several vectors: the token, then ``<token>_1``,
 ``<token>_2``, ... Their rows start from ``network.init_word`` (vector i from the word's token i,
-repeated or cut to fit, as sd-scripts does), or from the mean embedding when it is unset. The
+repeated or cut to fit, as sd-scripts does), or from the mean embedding when it is unset, or
+from an embedding file (``network.embedding_weights``, sd-scripts' ``--weights``). The
 optimizer sees the whole input-embedding matrix; after every step the rows of every other token
 are put back exactly as they were (Gal et al. 2022; the way diffusers' and sd-scripts' scripts
 keep them), so nothing else of the text encoder, the UNet or the VAE changes.
@@ -68,12 +69,80 @@ def init_rows(tokenizer: Any, weight: torch.Tensor, init_word: Optional[str],
     return torch.stack([weight[ids[i % len(ids)]].detach().float() for i in range(num_vectors)])
 
 
+# Keys of an embedding file per text encoder: SDXL's (sd-scripts' sdxl_train_textual_inversion
+# and ours) name each encoder's vectors; one-encoder files hold a single tensor under any name
+SDXL_KEYS = ("clip_l", "clip_g")
+
+
+def _tensors_of(path: Path) -> dict[str, Any]:
+    """The tensors of an embedding file: safetensors, or a torch file of tensors only
+    (``weights_only``: nothing else is unpickled)."""
+    if path.suffix.lower() == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path))
+    try:
+        data = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - a pickle of more than tensors, or not a torch file
+        raise TokenError(f"network.embedding_weights = {str(path)!r}: cannot be read as "
+                         f"tensors only ({type(exc).__name__}); save it as .safetensors") \
+            from None
+    if isinstance(data, dict) and isinstance(data.get("string_to_param"), dict):
+        data = data["string_to_param"]  # AUTOMATIC1111's .pt embeddings
+    if not isinstance(data, dict):
+        raise TokenError(f"network.embedding_weights = {str(path)!r} holds a "
+                         f"{type(data).__name__}, not a dict of tensors")
+    return data
+
+
+def embedding_file_vectors(path_text: str, widths: list[int], count: int) -> list[torch.Tensor]:
+    """The vectors [count, width] for each text encoder of the model (``widths``: their
+    embedding widths) from an embedding file, as sd-scripts' ``load_weights`` reads it: SD
+    1.x / 2.x take the file's first tensor (``emb_params``, AUTOMATIC1111's ``*``, diffusers'
+    ``<token>``), SDXL ``clip_l`` and ``clip_g``. A file of another family, another width or
+    another number of vectors is refused, naming both."""
+    path = Path(path_text).expanduser()
+    if not path.is_file():
+        raise TokenError(f"network.embedding_weights = {path_text!r}: no such file")
+    data = {k: v for k, v in _tensors_of(path).items() if isinstance(v, torch.Tensor)}
+    if not data:
+        raise TokenError(f"network.embedding_weights = {path_text!r} holds no tensor")
+    if len(widths) == 2:
+        missing = [k for k in SDXL_KEYS if k not in data]
+        if missing:
+            raise TokenError(f"network.embedding_weights = {path_text!r} has no "
+                             f"{' / '.join(missing)} vectors: an SDXL embedding holds clip_l "
+                             f"and clip_g (this one has {', '.join(sorted(data))})")
+        tensors = [data[k] for k in SDXL_KEYS]
+    else:
+        if any(k in data for k in SDXL_KEYS):
+            raise TokenError(f"network.embedding_weights = {path_text!r} is an SDXL embedding "
+                             f"(clip_l / clip_g); this model has one text encoder")
+        tensors = [data.get("emb_params", next(iter(data.values())))]
+    out = []
+    for tensor, width in zip(tensors, widths):
+        vectors = tensor.detach().float()
+        vectors = vectors.unsqueeze(0) if vectors.dim() == 1 else vectors
+        if vectors.dim() != 2 or vectors.shape[1] != width:
+            raise TokenError(f"network.embedding_weights = {path_text!r} has vectors of shape "
+                             f"{tuple(tensor.shape)}; this model's text encoder is {width} "
+                             f"wide (another model family's embedding?)")
+        if vectors.shape[0] != count:
+            raise TokenError(f"network.embedding_weights = {path_text!r} has "
+                             f"{vectors.shape[0]} vectors, network.num_vectors_per_token = "
+                             f"{count}: set them equal")
+        out.append(vectors)
+    return out
+
+
 class _Table:
     """The input-embedding matrix of one text encoder: the new rows, and a copy of the rest."""
 
-    def __init__(self, name: str, encoder: Any, tokenizer: Any, names: list[str], net: Any):
-        start = init_rows(tokenizer, encoder.get_input_embeddings().weight, net.init_word,
-                          len(names))  # from the vocabulary as it was, before the new rows
+    def __init__(self, name: str, encoder: Any, tokenizer: Any, names: list[str], net: Any,
+                 start: Optional[torch.Tensor] = None):
+        if start is None:  # from the vocabulary as it was, before the new rows
+            start = init_rows(tokenizer, encoder.get_input_embeddings().weight, net.init_word,
+                              len(names))
         tokenizer.add_tokens(names)
         check_read_back(tokenizer, net.token_string, names)
         self.name, self.token_ids = name, tokenizer.convert_tokens_to_ids(names)
@@ -114,7 +183,12 @@ class TextualInversionMethod(MethodBase):
                 raise TokenError(f"network.token_string = {net.token_string!r}: the tokenizer "
                                  f"already knows {', '.join(taken)}; choose a new word such "
                                  f"as '<my-{net.token_string.strip('<>').lower()}>'")
-        self.tables = [_Table(name, enc, tok, names, net) for name, enc, tok in encoders]
+        starts: list[Optional[torch.Tensor]] = [None] * len(encoders)
+        if net.embedding_weights:  # sd-scripts' --weights: the file's vectors replace init_word's
+            widths = [enc.get_input_embeddings().weight.shape[1] for _, enc, _ in encoders]
+            starts = list(embedding_file_vectors(net.embedding_weights, widths, len(names)))
+        self.tables = [_Table(name, enc, tok, names, net, start)
+                       for (name, enc, tok), start in zip(encoders, starts)]
         for module in (model.unet, model.vae, *(enc for _, enc, _ in encoders)):
             module.requires_grad_(False)
         weights = [table.weight(model) for table in self.tables]

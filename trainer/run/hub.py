@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
+from trainer.config.hub_rules import parse_resume  # the Hub form, checked at load
+
 Log = Callable[..., None]
 
 _pending: list[threading.Thread] = []
@@ -82,20 +84,6 @@ def _upload(sv: Any, items: list[Path], log: Log) -> None:
 def _short(exc: Exception) -> str:
     text = str(exc).strip().splitlines()
     return text[0][:300] if text else ""
-
-
-def parse_resume(value: str) -> tuple[str, str, Optional[str], str]:
-    """sd-scripts' Hub resume: ``owner/name/<folder>[:revision[:repo type]]`` -> repo id,
-    folder, revision, repo type; ValueError naming training.resume otherwise."""
-    parts = value.split("/")
-    if len(parts) < 3 or not all(parts[:2]):
-        raise ValueError(f"training.resume = {value!r}: with saving.resume_from_huggingface it "
-                         f"names a state on the Hub as 'owner/name/<folder>[:revision[:type]]'")
-    folder, revision, repo_type = "/".join(parts[2:]), None, "model"
-    if ":" in folder:
-        folder, revision, *rest = folder.split(":")
-        repo_type = rest[0] if rest else "model"
-    return f"{parts[0]}/{parts[1]}", folder.strip("/"), revision or None, repo_type
 
 
 def download_state(value: str) -> Path:

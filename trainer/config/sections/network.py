@@ -119,6 +119,13 @@ class NetworkCore(Section):
         "the token.", modes=("textual_inversion",),
         label="Built-in caption templates",
     )
+    embedding_weights: Optional[str] = setting(
+        None, "Start the token's vectors from this embedding file instead of init_word "
+        "(sd-scripts' --weights, kohya_ss's 'Resume TI training'): .safetensors, or a .pt / "
+        ".bin of tensors (AUTOMATIC1111's, diffusers'); SDXL files hold clip_l and clip_g. "
+        "Its vectors must number num_vectors_per_token.", modes=("textual_inversion",),
+        advanced=True, widget="file", label="Start from an embedding file",
+    )
 
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal, Optional, Union
+from typing import Annotated, Literal, Optional, Union
+
+from pydantic import Field
 
 from trainer.config.sections.base import Section, setting
 
@@ -44,6 +46,13 @@ class OptimizerSection(Section):
         "text_encoder_lr.", modes=("lora", "dreambooth"), advanced=True, gt=0, le=10,
         label="Second text-encoder learning rate",
         families=("sdxl", "sd3"),
+    )
+    block_lr: Optional[list[Annotated[float, Field(ge=0, le=10)]]] = setting(
+        None, "SDXL DreamBooth: a learning rate for each of the UNet's 23 blocks as sd-scripts' "
+        "sdxl_train.py --block_lr counts them (0: time and size embeddings; 1-9: input "
+        "blocks; 10-12: middle block; 13-21: output blocks; 22: the output layer), instead of "
+        "unet_lr; a block at 0 does not train.", modes=("dreambooth",), advanced=True,
+        min_length=23, max_length=23, families=("sdxl",), label="UNet block learning rates",
     )
     weight_decay: float = setting(0.01, "Weight decay.", advanced=True, ge=0, le=1,
                                   label="Weight decay")
