@@ -52,6 +52,9 @@ def mode_checks(cfg: Any) -> None:
     from trainer.config.parity_rules import parity_checks
 
     parity_checks(cfg)
+    from trainer.config.fused_rules import fused_checks
+
+    fused_checks(cfg)
     from trainer.optim.optimizers import (
         optimizer_problems,  # optimizer and schedule that cannot pair
     )

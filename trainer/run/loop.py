@@ -196,6 +196,8 @@ class _Job:
         from trainer.run.failures import check_grad_norm
 
         s, max_norm = self.session, self.cfg.optimizer.max_grad_norm
+        if getattr(s.optimizer, "clips_each_parameter", False):
+            return  # fused steps: each gradient was clipped in the backward pass
         norm = s.accelerator.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
         check_grad_norm(norm, self.step + 1, self.cfg, s.precision)
 

@@ -21,7 +21,7 @@ import torch
 from trainer.config import TrainConfig
 from trainer.config.plan import StepPlan, plan_steps
 from trainer.events import Event
-from trainer.run import fsdp, full_fp16
+from trainer.run import fsdp, full_fp16, fused_steps
 from trainer.run.cpu_precision import choose_cpu_precision, cpu_bf16_norms
 from trainer.run.ema import NoEma, make_ema
 from trainer.run.state import Progress
@@ -127,6 +127,7 @@ def prepare(s: Session, out: Reporter) -> None:
     s.plan = plan_steps(s.data.steps_per_epoch(tr.train_batch_size * processes),
                         tr.gradient_accumulation_steps, tr.max_train_steps, tr.max_train_epochs)
     _optimizer(s, groups)
+    fused_steps.install(s)  # optimizer.fused_backward_pass / fused_optimizer_groups
     s.base_model_hash = _base_hash(s.model.source)
     if resume is not None:
         s.progress = load_state(s, resume)

@@ -95,6 +95,20 @@ class OptimizerSection(Section):
         pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$",
         label="Custom schedule class",
     )
+    fused_backward_pass: bool = setting(
+        False, "DreamBooth: step the optimizer on each parameter as soon as its gradient is "
+        "computed, during the backward pass, and free that gradient (sd-scripts' "
+        "--fused_backward_pass): the whole model's gradients are never in memory at once. "
+        "Same weights as the normal step; needs gradient accumulation 1, one process and no "
+        "fp16 loss scaler; max_grad_norm then clips each parameter's gradient on its own, as "
+        "in sd-scripts.", modes=("dreambooth",), advanced=True, label="Fused backward pass",
+    )
+    fused_optimizer_groups: Optional[int] = setting(
+        None, "DreamBooth: as fused_backward_pass, but the trained parameters are cut into "
+        "this many groups (a new one where the learning rate changes), each stepped once its "
+        "last gradient is in (sd-scripts' sdxl_train.py --fused_optimizer_groups).",
+        modes=("dreambooth",), advanced=True, ge=1, le=10000, label="Fused optimizer groups",
+    )
     max_grad_norm: float = setting(
         1.0, "Clip gradients to this norm; 0 turns clipping off (as in sd-scripts).", ge=0,
         label="Gradient clipping norm",
