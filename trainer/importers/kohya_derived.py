@@ -15,12 +15,14 @@ from trainer.importers import kohya_convert as c
 from trainer.importers import (
     kohya_extra,
     kohya_flow,
+    kohya_fused,
     kohya_keep_last,
     kohya_memory,
     kohya_run_extra,
 )
 from trainer.importers.kohya_extra_table import optimizer_target
 from trainer.importers.kohya_network import NETWORK_KEYS, network, optimizer
+from trainer.importers.kohya_network_args import network_args
 from trainer.importers.kohya_report import Ctx
 from trainer.importers.kohya_table import (
     DIRECT,
@@ -224,6 +226,13 @@ def _dreambooth_rates(ctx: Ctx) -> None:
                 ctx.out["network"]["train_text_encoder"])
 
 
+ADAPTIVE_WITHOUT_OFFSET = (
+    "noise_offset is off: sd-scripts adds the adaptive scale to the noise offset only when "
+    "there is one, and kohya_ss passed it only with noise_offset > 0 until April 2024, so it "
+    "had no effect (today's kohya_ss passes it and sd-scripts stops: 'adaptive_noise_scale "
+    "requires noise_offset')")
+
+
 def noise(ctx: Ctx) -> None:
     """kohya_ss passes noise_offset / adaptive_noise_scale / noise_offset_random_strength for
     noise_offset_type "Original" and multires_noise_* for "Multires"."""
@@ -244,7 +253,7 @@ def noise(ctx: Ctx) -> None:
                 else:
                     ctx.unset(key)
             elif key == "adaptive_noise_scale" and _positive(ctx, key) and not offset:
-                ctx.refuse(key, "sd-scripts needs noise_offset with it")
+                ctx.skip(key, ADAPTIVE_WITHOUT_OFFSET)
             elif not ctx.num(key):
                 ctx.unset(key)
             else:
@@ -305,6 +314,10 @@ FLAG_RULES: dict[str, Rule] = {
     "fp8_base": Rule("model.base_precision", lambda v: "fp8", ("lora",)),  # kohya_memory.py
     "block_lr": Rule("optimizer.block_lr", kohya_extra.block_rates, ("dreambooth",)),
     "resume_from_huggingface": Rule("saving.resume_from_huggingface", c.to_bool),
+    "fused_backward_pass": Rule("optimizer.fused_backward_pass", lambda v: True,
+                                ("dreambooth",)),
+    "fused_optimizer_groups": Rule("optimizer.fused_optimizer_groups", c.to_int,
+                                   ("dreambooth",)),
 }
 
 
@@ -359,12 +372,14 @@ DERIVED: list[tuple[tuple[str, ...], Any]] = [
     (("noise_offset", "adaptive_noise_scale", "noise_offset_random_strength",
       "multires_noise_iterations", "multires_noise_discount"), noise),
     (NETWORK_KEYS, network),
+    (("network_args",), network_args),  # a raw one: not from kohya_ss's LoRA tab
     (kohya_keep_last.KEYS, kohya_keep_last.keep_last),  # after save_every_n_* / save_state
     (("optimizer", "optimizer_args"), optimizer),
     (kohya_extra.CONTEXT_KEYS, kohya_extra.in_context),
     (kohya_extra.BLOCK_LR_KEYS, kohya_extra.block_lr),
     (kohya_run_extra.HUB_RESUME_KEYS, kohya_run_extra.hub_resume),
     (("additional_parameters",), additional_parameters),
+    (kohya_fused.KEYS, kohya_fused.fused),  # after the flags (optimizer, accumulation)
     (kohya_run_extra.CACHE_KEYS, kohya_run_extra.latent_cache),  # after the flags
     (kohya_memory.KEYS, kohya_memory.memory),  # after the flags (gradient_checkpointing)
     (kohya_flow.KEYS, kohya_flow.flow),  # last: it drops the DDPM options mapped above

@@ -20,7 +20,8 @@ FLUX.1's deprecated ``split_mode``) -> ``training.blocks_to_swap``, as sd-script
   given. ``single_blocks_to_swap`` / ``double_blocks_to_swap`` are read by flux_train.py
   (DreamBooth) only, as ``double + single // 2`` blocks.
 - DreamBooth keeps every block on the device here (block swap moves frozen weights; sd-scripts
-  swaps a full fine-tune's blocks with its fused backward pass, which is not available here).
+  swaps a full fine-tune's blocks with its fused backward pass; the one here frees gradients,
+  not weights).
 """
 
 from __future__ import annotations

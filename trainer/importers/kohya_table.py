@@ -243,12 +243,12 @@ NOT_NEEDED: dict[str, str] = {
 }
 
 NOT_SUPPORTED: dict[str, str] = {
-    **dict.fromkeys(("fused_backward_pass", "fused_optimizer_groups",
-                     "blockwise_fused_optimizers"), "fused optimizer steps"),
-    "train_inpainting": "inpainting models",
+    "train_inpainting": "inpainting training (sd-scripts 0.10.4+: a 9-channel UNet fed the "
+                        "noisy latents, a random mask and the masked image's latents, with "
+                        "sd-scripts' mask generator and inpainting samples) is not available "
+                        "here; the model would train as a plain text-to-image model",
     "dataset_repeats": "the finetune tab's repeats of the whole dataset: here each concept "
                        "folder's N_ prefix gives its repeats (name the folders N_<concept>)",
-    "network_args": "raw network arguments; the LyCORIS options are keys of their own here",
 }
 
 # Values of NOT_SUPPORTED keys that mean "off" in kohya_ss beyond empty / 0 / false.

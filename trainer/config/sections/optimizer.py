@@ -54,8 +54,9 @@ class OptimizerSection(Section):
         "unet_lr; a block at 0 does not train.", modes=("dreambooth",), advanced=True,
         min_length=23, max_length=23, families=("sdxl",), label="UNet block learning rates",
     )
-    weight_decay: float = setting(0.01, "Weight decay.", advanced=True, ge=0, le=1,
-                                  label="Weight decay")
+    weight_decay: float = setting(
+        0.01, "Weight decay (sd-scripts takes any value; the decay per step is weight_decay x "
+        "the learning rate).", advanced=True, ge=0, le=100, label="Weight decay")
     optimizer_args: dict[str, Union[bool, int, float, str, list[float]]] = setting(
         {}, "Extra keyword arguments for the optimizer, e.g. {d_coef = 2.0} for Prodigy, "
         "{betas = [0.9, 0.99]}.",
