@@ -360,7 +360,7 @@ def _scan(cfg: Any, warn: Callable[[str], None], problems: list[str],
         return dataset_candidates(cfg, warn, problems)
     train_dir = resolve_dataset_dir(ds.train_data_dir, data_home or studio_data_home())
     found = scan_root(train_dir, "dataset.train_data_dir", ds.caption_extension, False, warn,
-                      problems)
+                      problems, root_repeats=ds.dataset_repeats)
     if ds.reg_data_dir is not None:  # with num_class_images it may be empty: images come
         found += scan_root(Path(ds.reg_data_dir).expanduser(), "dataset.reg_data_dir",
                            ds.caption_extension, True, warn, problems,

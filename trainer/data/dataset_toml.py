@@ -247,7 +247,8 @@ def _subset(where: str, levels: list[dict[str, Any]], index: int, spec: BucketSp
                             random_crop=get("random_crop"), dataset=index, where=where,
                             alpha_mask=bool(get("alpha_mask", False)),
                             mask_dir=_folder(base, mask_dir) if mask_dir else None)
-    return Subset(where, _folder(base, levels[0]["image_dir"]), get("num_repeats", 1),
+    repeats = _lookup("num_repeats", levels, ds.dataset_repeats or 1)  # sd-scripts' fallback
+    return Subset(where, _folder(base, levels[0]["image_dir"]), repeats,
                   get("class_tokens"), get("caption_extension"), bool(get("is_reg", False)),
                   options)
 

@@ -4,7 +4,9 @@ A dataset folder holds ``N_concept`` subfolders: ``N`` is how often each image i
 epoch, the rest (after the first ``_``) is the caption of images that have no caption file.
 Folders without the prefix are skipped with a warning; hidden ones (``.cache``) silently. A
 caption file sits beside its image (``img.png`` -> ``img.txt``); its first non-empty line is the
-caption. Images are looked for directly in each concept folder (not in subfolders).
+caption. Images are looked for directly in each concept folder (not in subfolders). With
+``dataset.dataset_repeats`` the images placed directly in the dataset folder train too, that many
+times per epoch (kohya_ss's finetune layout; an image without a caption file has an empty one).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from .captions import CaptionOptions
 from .images import inspect_image, is_image_file
 
 _CONCEPT = re.compile(r"^(\d+)_(.*)$", re.DOTALL)
+_TRAIN = "dataset.train_data_dir"  # the one folder whose own images dataset_repeats trains
 
 
 @dataclass(frozen=True)
@@ -82,9 +85,11 @@ def parse_concept_folder(name: str) -> Optional[tuple[int, str]]:
 
 
 def find_concept_folders(
-    root: Path, field: str, warn: Callable[[str], None]
+    root: Path, field: str, warn: Callable[[str], None], root_repeats: Optional[int] = None
 ) -> list[ConceptFolder]:
-    """The ``N_concept`` subfolders of ``root``, sorted by name; warns about the others."""
+    """The ``N_concept`` subfolders of ``root``, sorted by name; warns about the others. With
+    ``root_repeats``, ``root`` itself comes first (its own images, that many repeats, no
+    concept: the finetune layout of dataset.dataset_repeats)."""
     folders, skipped, stray = [], [], []
     for child in sorted(root.iterdir()):
         if child.name.startswith("."):
@@ -102,8 +107,11 @@ def find_concept_folders(
             f"{field}: skipped folder(s) without an N_concept name (N = repeats, at least 1): "
             + ", ".join(skipped)
         )
-    if stray:
-        warn(f"{field}: ignored image(s) outside an N_concept folder: " + ", ".join(stray))
+    if root_repeats is not None:
+        folders.insert(0, ConceptFolder(root, root_repeats, ""))
+    elif stray:
+        warn(f"{field}: ignored image(s) outside an N_concept folder: " + ", ".join(stray)
+             + (" (set dataset.dataset_repeats to train them)" if field == _TRAIN else ""))
     return folders
 
 
@@ -134,9 +142,11 @@ def scan_root(
     warn: Callable[[str], None],
     problems: list[str],
     required: bool = True,
+    root_repeats: Optional[int] = None,
 ) -> list[Candidate]:
-    """Every image under the concept folders of ``root``; problems are appended, not raised.
-    With ``required`` off, a missing or empty ``root`` is no problem (it will be filled)."""
+    """Every image under the concept folders of ``root`` (and directly in it, with
+    ``root_repeats``); problems are appended, not raised. With ``required`` off, a missing or
+    empty ``root`` is no problem (it will be filled)."""
     if not required and not root.is_dir():
         return []
     if not root.is_dir():
@@ -148,12 +158,21 @@ def scan_root(
         )
         return []
     found: list[Candidate] = []
-    for folder in find_concept_folders(root, field, warn):
+    for folder in find_concept_folders(root, field, warn, root_repeats):
         found += scan_folder(folder, caption_extension, is_reg, problems)
+    if root_repeats is not None:
+        bare = [c.path.name for c in found
+                if c.folder.path == root and not c.path.with_suffix(caption_extension).is_file()]
+        if bare:
+            warn(f"{field}: {len(bare)} image(s) directly in {root} have no {caption_extension} "
+                 f"caption file and train with an empty caption: " + ", ".join(bare[:5])
+                 + (", ..." if len(bare) > 5 else ""))
     if not found and required:
         problems.append(
             f"{field}: no images found in {root}; it needs N_concept subfolders (e.g. 10_mycat/) "
             "holding .png, .jpg, .jpeg, .webp or .bmp images"
+            + (", or images directly in it with dataset.dataset_repeats set"
+               if field == _TRAIN else "")
         )
     return found
 

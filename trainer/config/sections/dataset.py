@@ -18,6 +18,13 @@ class DatasetSection(DatasetParity):
         widget="dir",
         label="Training images folder",
     )
+    dataset_repeats: Optional[int] = setting(
+        None, "Repeats per epoch of the images placed directly in train_data_dir, beside its "
+        "N_concept subfolders (kohya_ss's finetune layout, sd-scripts' --dataset_repeats); "
+        "also the num_repeats of dataset_config subsets that set none. Unset: such images are "
+        "not trained.", advanced=True, ge=1, le=100_000,
+        label="Repeats of images directly in the folder",
+    )
     reg_data_dir: Optional[str] = setting(
         None, "Folder of N_class regularization images (prior preservation); they interleave "
         "with the training images, so an epoch has twice the steps.",
