@@ -1,6 +1,6 @@
 """The last kohya_ss keys of issue 21 for SD 1.x / 2.x / SDXL: fused optimizer steps
 (fused_backward_pass, fused_optimizer_groups), adaptive_noise_scale without noise_offset in
-the shipped LoRA presets, and what is left (train_inpainting, dataset_repeats)."""
+the shipped LoRA presets, and what is left (train_inpainting)."""
 
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ def test_block_lr_of_the_sdxl_finetune_tab():
     cfg, report = import_kohya(data)
     assert cfg.model.model_version == "sdxl"
     assert cfg.optimizer.block_lr == [float(v) for v in data["block_lr"].split(",")]
-    assert "dataset_repeats" in report.unset  # "1": each image once, as without it
+    assert cfg.dataset.dataset_repeats == 1  # "1": the images in image_folder train once
 
 
 def test_weights_of_the_textual_inversion_tab():

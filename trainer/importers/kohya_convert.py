@@ -185,9 +185,11 @@ def percent_of(percent: float, total: int) -> int:
     return int(percent / 100 * total)
 
 
-def kohya_image_count(train_data_dir: str, reg_data_dir: Optional[str]) -> Optional[int]:
-    """Images x repeats of a kohya folder, doubled with regularization images (they interleave,
-    as kohya_ss's own step estimate assumes); None when the folder cannot be read."""
+def kohya_image_count(train_data_dir: str, reg_data_dir: Optional[str],
+                      dataset_repeats: Optional[int] = None) -> Optional[int]:
+    """Images x repeats of a kohya folder (with ``dataset_repeats``, its own images that many
+    times too: the finetune layout), doubled with regularization images (they interleave, as
+    kohya_ss's own step estimate assumes); None when the folder cannot be read."""
     from trainer.data.discover import find_concept_folders
     from trainer.data.images import is_image_file
 
@@ -195,6 +197,7 @@ def kohya_image_count(train_data_dir: str, reg_data_dir: Optional[str]) -> Optio
     if not root.is_dir():
         return None
     count = 0
-    for folder in find_concept_folders(root, "dataset.train_data_dir", lambda _msg: None):
+    for folder in find_concept_folders(root, "dataset.train_data_dir", lambda _msg: None,
+                                       dataset_repeats):
         count += folder.repeats * sum(1 for p in folder.path.iterdir() if is_image_file(p))
     return count * (2 if reg_data_dir else 1) or None

@@ -85,7 +85,10 @@ def total_steps(ctx: Ctx, steps: float | None, epochs: float | None) -> int | No
     counts them."""
     if steps:
         return int(steps)
-    count = c.kohya_image_count(str(ctx.raw("train_data_dir") or ""), ctx.raw("reg_data_dir"))
+    folder = ctx.raw("train_data_dir") or ctx.raw("image_folder")  # the finetune tab's name
+    repeats = _positive(ctx, "dataset_repeats")
+    count = c.kohya_image_count(str(folder or ""), ctx.raw("reg_data_dir"),
+                                int(repeats) if repeats else None)
     if not count:
         return None
     batch = int(_positive(ctx, "train_batch_size") or 1)

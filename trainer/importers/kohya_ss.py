@@ -45,7 +45,9 @@ _MARKERS = (  # (mode, keys only that kohya_ss tab saves, note)
     ("dreambooth", ("image_folder", "train_dir", "create_buckets", "use_latent_files",
                     "dataset_repeats"),
      "a kohya_ss finetune config: imported as dreambooth (the whole model trains; no class "
-     "images). Captions come from caption files beside the images, in N_concept folders"),
+     "images). The images directly in image_folder train dataset_repeats times per epoch "
+     "(dataset.dataset_repeats); their captions come from the caption files beside them, "
+     "from which kohya_ss builds its metadata JSON"),
     ("dreambooth", ("learning_rate_te", "learning_rate_te1", "no_token_padding"), None),
 )
 

@@ -118,6 +118,8 @@ DIRECT: dict[str, Rule] = {
     "clip_skip": Rule("model.clip_skip", pos_int),
     "train_data_dir": Rule("dataset.train_data_dir", c.to_text),
     "image_folder": Rule("dataset.train_data_dir", c.to_text),  # the finetune tab's name
+    # the finetune tab: its images lie directly in image_folder (1 included: they must train)
+    "dataset_repeats": Rule("dataset.dataset_repeats", pos_int),
     "reg_data_dir": Rule("dataset.reg_data_dir", c.to_text, TRAINED),
     "dataset_config": Rule("dataset.dataset_config", c.to_text),
     "caption_extension": Rule("dataset.caption_extension", caption_extension),
@@ -247,12 +249,10 @@ NOT_SUPPORTED: dict[str, str] = {
                         "noisy latents, a random mask and the masked image's latents, with "
                         "sd-scripts' mask generator and inpainting samples) is not available "
                         "here; the model would train as a plain text-to-image model",
-    "dataset_repeats": "the finetune tab's repeats of the whole dataset: here each concept "
-                       "folder's N_ prefix gives its repeats (name the folders N_<concept>)",
 }
 
 # Values of NOT_SUPPORTED keys that mean "off" in kohya_ss beyond empty / 0 / false.
-OFF_VALUES: dict[str, tuple[Any, ...]] = {"dataset_repeats": (1, "1", 1.0, "1.0")}
+OFF_VALUES: dict[str, tuple[Any, ...]] = {}
 
 _FAMILY_KEYS = (
     "ae", "clip_l", "clip_g", "t5xxl", "t5xxl_device", "t5xxl_dtype", "t5xxl_lr",
