@@ -117,6 +117,16 @@ def test_strings_empty_values_and_zero_mean_what_kohya_means():
     assert {"max_train_steps", "noise_offset", "min_snr_gamma"} <= set(report.unset)
 
 
+def test_an_empty_caption_extension_is_sd_scripts_default():
+    """kohya_ss drops empty values from the TOML it hands sd-scripts, whose default is
+    ``.caption``: the same images train with the same captions here."""
+    cfg, report = import_kohya({"LoRA_type": "Standard", "caption_extension": ""})
+    assert cfg.dataset.caption_extension == ".caption"
+    assert any(n.startswith("caption_extension: empty") for n in report.notes)
+    cfg, _ = import_kohya({"LoRA_type": "Standard", "caption_extension": ".txt"})
+    assert cfg.dataset.caption_extension == ".txt"
+
+
 def test_a_zero_text_encoder_rate_trains_the_unet_only_as_in_kohya():
     cfg, _ = import_kohya({"LoRA_type": "Standard", "text_encoder_lr": 0, "unet_lr": "1e-4"})
     assert not cfg.network.train_text_encoder and cfg.network.train_unet

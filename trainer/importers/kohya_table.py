@@ -47,7 +47,12 @@ class Rule:
 def caption_extension(value: Any) -> Any:
     """kohya users name a missing extension (``.none-use-foldername``, ``.txt-no``) to caption
     by folder name; ours allows letters, digits and '_', so other characters become '_'
-    (still no such files, so the folder name is still the caption)."""
+    (still no such files, so the folder name is still the caption). An empty one is not
+    passed by kohya_ss (it drops empty values from the TOML it hands sd-scripts), so
+    sd-scripts reads its default, ``.caption``."""
+    if isinstance(value, str) and not value.strip():
+        return Noted(".caption", "empty: kohya_ss passes nothing, so sd-scripts reads its "
+                                 "default, .caption")
     text = c.to_text(value)
     if text is c.UNSET or re.fullmatch(r"\.[A-Za-z0-9_]+", text):
         return text
