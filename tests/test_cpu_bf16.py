@@ -89,6 +89,7 @@ def test_auto_picks_bf16_only_where_the_probe_finds_it_faster(monkeypatch, tmp_p
     monkeypatch.setattr(cpu_bf16, "bf16_units", lambda: ("avx512_bf16",))
     probes = []
     monkeypatch.setattr(cpu_precision, "probe", lambda m, c: probes.append(1) or (1.0, bf16_s))
+    monkeypatch.setattr(cpu_precision, "_others_cores", lambda before, after: 0.0)  # quiet
     model = SimpleNamespace(unet=torch.nn.Linear(4, 4))
     for _ in range(2):  # the second run reads the cached result and does not probe
         s, out = _session(model), _Out()
@@ -98,6 +99,33 @@ def test_auto_picks_bf16_only_where_the_probe_finds_it_faster(monkeypatch, tmp_p
         assert "avx512_bf16" in out.lines[0] and "64 px" in out.lines[0]
     assert probes == [1]
     assert "cached" in out.lines[0]
+
+
+def test_a_probe_that_other_processes_slowed_decides_its_run_but_is_not_kept(monkeypatch,
+                                                                            tmp_path):
+    monkeypatch.setenv(cpu_bf16.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(cpu_bf16, "bf16_units", lambda: ("avx512_bf16",))
+    probes = []
+    monkeypatch.setattr(cpu_precision, "probe", lambda m, c: probes.append(1) or (1.0, 0.5))
+    busy = [1.6]
+    monkeypatch.setattr(cpu_precision, "_others_cores", lambda before, after: busy[0])
+    model = SimpleNamespace(unet=torch.nn.Linear(4, 4))
+    s, out = _session(model), _Out()
+    cpu_precision.choose_cpu_precision(s, out)
+    assert s.precision == "bf16" and "other processes using 1.6 cores, not kept" in out.lines[0]
+    assert cpu_bf16.cached_results() == {}
+    busy[0] = 0.1  # the next run, on a quiet machine, measures again and keeps it
+    s, out = _session(model), _Out()
+    cpu_precision.choose_cpu_precision(s, out)
+    assert probes == [1, 1] and "measured: bf16 2.00x faster" in out.lines[0]
+    assert len(cpu_bf16.cached_results()) == 1
+
+
+def test_the_probe_times_each_side_in_turns():
+    calls = []
+    fp32, bf16 = cpu_bf16.seconds_alternated(lambda: calls.append("a"),
+                                             lambda: calls.append("b"), rounds=2)
+    assert calls == ["a", "b", "a", "b", "a", "b"] and fp32 >= 0 and bf16 >= 0
 
 
 def test_auto_stays_fp32_on_a_cpu_without_bf16_units(monkeypatch, tmp_path):

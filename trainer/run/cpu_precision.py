@@ -6,7 +6,11 @@ encoders are stored in bf16 (half the resident memory) and the trained parameter
 optimizer state stay fp32, as on GPUs with a ``weight_dtype``; autocast runs the matmuls in bf16.
 On a CPU with bf16 units (AMX, AVX512-BF16) that is twice as fast as fp32 at 256 px for an
 SD 1.5 UNet, but slower at 64 px, so ``auto`` decides by a short probe on the loaded model at
-the run's resolution (cached per CPU in trainer/system/cpu_bf16.py) and logs why.
+the run's resolution (cached per CPU in trainer/system/cpu_bf16.py) and logs why. A probe that
+other processes slowed (they used half a core or more meanwhile, as trainer/system/threads.py
+counts it) decides this run only and is not kept: on 2 cores next to busy processes a 2-thread
+probe measured bf16 1.42x faster for an SD 1.5 UNet at 256 px, a 1-thread one 2.7x, and a ratio
+pushed near 1 and kept would choose for every later run.
 
 :func:`keep_norms_fp32` fixes "mixed dtype (CPU): expect parameter to have scalar type of
 Float": torch's CPU layer/group norm accepts a bf16 input with fp32 parameters but not the
@@ -17,12 +21,13 @@ bf16 norm, e.g. ``clip_skip = 2`` with a trained text encoder.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import torch
 
 from trainer.config.sections.resolution import as_text, base_size
-from trainer.system import cpu_bf16
+from trainer.system import cpu_bf16, threads
 
 log = logging.getLogger(__name__)
 
@@ -53,11 +58,18 @@ def choose_cpu_precision(s: Any, out: Any) -> None:
     key = _key(s)
     ratio, how = cpu_bf16.cached_ratio(key), "cached"
     if ratio is None:
+        before = threads.read_cpu_times()
         measured = probe(s.model, s.cfg)
         if measured is None:
             out.log("Precision auto: fp32 (the bf16 probe could not copy this model)")
             return
-        ratio, how = cpu_bf16.store_result(key, *measured), "measured"
+        others = _others_cores(before, threads.read_cpu_times())
+        if others is not None and others >= threads.BUSY:
+            # another process took CPU from the probe: its ratio is for this run only
+            ratio = measured[1] / measured[0]
+            how = f"measured with other processes using {others:.1f} cores, not kept"
+        else:
+            ratio, how = cpu_bf16.store_result(key, *measured), "measured"
     words = cpu_bf16.ratio_words(ratio)
     if ratio < cpu_bf16.FASTER_BELOW:
         s.precision, s.dtype = "bf16", torch.bfloat16
@@ -70,6 +82,13 @@ def choose_cpu_precision(s: Any, out: Any) -> None:
                 f"forces it)")
 
 
+def _others_cores(before: Any, after: Any) -> float | None:
+    """Cores that other processes used during the probe; None where /proc cannot tell."""
+    if before is None or after is None:
+        return None
+    return threads.others_cores(before, after, os.cpu_count() or 1)
+
+
 def _key(s: Any) -> str:
     unet = s.model.unet
     shape = f"{type(unet).__name__} {sum(p.numel() for p in unet.parameters()) / 1e6:.1f}M"
@@ -79,14 +98,15 @@ def _key(s: Any) -> str:
 
 def probe(model: Any, cfg: Any) -> tuple[float, float] | None:
     """Seconds of one denoiser forward + backward (gradient to the input, as a LoRA step needs
-    through the frozen weights) at batch 1 and the run's resolution: fp32 as loaded, then a bf16
-    copy under autocast. None when no copy can be made."""
+    through the frozen weights) at batch 1 and the run's resolution: fp32 as loaded and a bf16
+    copy under autocast, each the best of two taken in turns. None when no copy can be made."""
     copy = bf16_copy(model.unet)
     if copy is None:
         return None
     inputs = _inputs(model, cfg)
-    fp32 = cpu_bf16.seconds(lambda: _step(model, model.unet, cfg, inputs, False))
-    bf16 = cpu_bf16.seconds(lambda: _step(model, copy, cfg, inputs, True))
+    fp32, bf16 = cpu_bf16.seconds_alternated(
+        lambda: _step(model, model.unet, cfg, inputs, False),
+        lambda: _step(model, copy, cfg, inputs, True))
     log.info("bf16 probe: fp32 %.3fs, bf16 %.3fs", fp32, bf16)
     return fp32, bf16
 

@@ -113,6 +113,22 @@ def seconds(fn: Callable[[], Any], repeats: int = 1) -> float:
     return best
 
 
+def seconds_alternated(first: Callable[[], Any], second: Callable[[], Any],
+                       rounds: int = 2) -> tuple[float, float]:
+    """The best of ``rounds`` timed calls of each, taken in turns (first, second, first, ...)
+    after one untimed call of each: a disturbance (another process, a frequency change) that
+    lasts a few seconds then slows both sides alike rather than one."""
+    first()
+    second()
+    best = [float("inf"), float("inf")]
+    for _ in range(rounds):
+        for i, fn in enumerate((first, second)):
+            start = time.perf_counter()
+            fn()
+            best[i] = min(best[i], time.perf_counter() - start)
+    return best[0], best[1]
+
+
 def matmul_seconds(size: int = 1024, torch_module: Any = None) -> tuple[float, float]:
     """One ``size`` x ``size`` matmul in fp32 and in bf16 on the CPU: the doctor's quick look
     at the units (a model's step gains less: not all of it is matmuls)."""
