@@ -11,6 +11,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # its own tests (test_threads.py), which lift this.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+# mixed_precision = "auto" on a CPU with bf16 units times a probe step to choose bf16 or fp32
+# (trainer/run/cpu_precision.py): on a busy machine (two test workers on two cores) the tiny
+# model's probe can come out either way, and a run that compares two trainings, or a reloaded
+# file with the trained model, then fails. The tests assume no units, so auto is fp32 as on most
+# CPUs; the probe and the choice have their own tests (test_cpu_bf16.py), which patch the units.
+os.environ.setdefault("KOHYA_STUDIO_CPU_BF16_UNITS", "none")
 
 
 @pytest.fixture(scope="session", autouse=True)

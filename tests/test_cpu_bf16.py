@@ -35,6 +35,22 @@ def test_every_network_type_trains_in_bf16_on_the_cpu(tmp_path, network_type):
     assert tensors and all(torch.isfinite(t.float()).all() for t in tensors.values())
 
 
+@pytest.mark.parametrize("validation", [False, True], ids=["train", "validation_loss"])
+def test_textual_inversion_trains_in_bf16_on_the_cpu(tmp_path, validation):
+    """The trained embedding is fp32 and the text encoder's output with it, while the frozen UNet
+    is bf16 and, unlike an adapter's, runs without accelerate's autocast: the text reaches it at
+    the UNet's dtype (it stopped at step 1 with 'expected m1 and m2 to have the same dtype')."""
+    data = one_image_dataset(tmp_path / "data", caption="a photo of <cat>")
+    sections = {"training": {"mixed_precision": "bf16", "max_train_steps": 2},
+                "network": {"token_string": "<cat>", "init_word": "cat"}}
+    if validation:
+        sections["dataset"] = {"validation_data_dir": str(data)}
+    result = run(small_config(tmp_path, data, mode="textual_inversion", **sections))
+    assert result.status == "finished", result.error
+    tensors = load_file(result.output_path)
+    assert tensors and all(torch.isfinite(t.float()).all() for t in tensors.values())
+
+
 @pytest.mark.parametrize("option", [
     {"training": {"gradient_checkpointing": True}},
     {"dataset": {"cache_latents": False}},
@@ -126,6 +142,18 @@ def test_the_probe_times_each_side_in_turns():
     fp32, bf16 = cpu_bf16.seconds_alternated(lambda: calls.append("a"),
                                              lambda: calls.append("b"), rounds=2)
     assert calls == ["a", "b", "a", "b", "a", "b"] and fp32 >= 0 and bf16 >= 0
+
+
+def test_the_units_can_be_named_instead_of_read(monkeypatch):
+    """KOHYA_STUDIO_CPU_BF16_UNITS replaces /proc/cpuinfo (the tests name none: auto is then
+    fp32 without a timing probe); a cpuinfo text passed in is still read as it is."""
+    monkeypatch.setenv(cpu_bf16.UNITS_ENV, "none")
+    assert cpu_bf16.bf16_units() == ()
+    monkeypatch.setenv(cpu_bf16.UNITS_ENV, "amx_bf16,avx512_bf16")
+    assert cpu_bf16.bf16_units() == ("amx_bf16", "avx512_bf16")
+    assert cpu_bf16.bf16_units("flags : fpu avx512_bf16\n") == ("avx512_bf16",)
+    monkeypatch.delenv(cpu_bf16.UNITS_ENV)
+    assert cpu_bf16.bf16_units() == cpu_bf16.bf16_units(cpu_bf16._read_cpuinfo())
 
 
 def test_auto_stays_fp32_on_a_cpu_without_bf16_units(monkeypatch, tmp_path):

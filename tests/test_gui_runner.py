@@ -46,7 +46,7 @@ def test_a_job_runs_and_the_snapshot_tells_all(runners, tmp_path):
     runner = runners(fake_run(steps=10))
     answer = runner.submit(cfg_in(tmp_path))
     assert answer["status"] == "running" and answer["job_id"] == "job-1"
-    assert runner.wait_idle(10)
+    assert runner.wait_idle(60)
     snap = runner.snapshot()
     assert snap["status"] == "finished" and snap["step"] == snap["total"] == 10
     assert [p[0] for p in snap["loss"]] == list(range(1, 11))
@@ -85,7 +85,7 @@ def test_a_second_job_is_queued_and_can_be_cancelled(runners, tmp_path):
     assert "use Stop" in runner.cancel("job-1")
     assert "not in the queue" in runner.cancel("job-2")
     gate.set()
-    assert runner.wait_idle(10)
+    assert runner.wait_idle(60)
     snap = runner.snapshot()
     assert snap["job_id"] == "job-3" and snap["status"] == "finished"
     assert [c.saving.output_name for c in run.calls] == ["a", "c"]
@@ -103,7 +103,7 @@ def test_the_queue_is_small(runners, tmp_path):
     with pytest.raises(QueueFull):
         runner.submit(cfg_in(tmp_path))
     gate.set()
-    assert runner.wait_idle(10)
+    assert runner.wait_idle(60)
 
 
 def test_stop_ends_the_run_at_a_step_boundary(runners, tmp_path):
@@ -112,7 +112,7 @@ def test_stop_ends_the_run_at_a_step_boundary(runners, tmp_path):
     wait_for(lambda: runner.snapshot()["step"] >= 3)
     assert "stopping job-1" in runner.stop()
     assert runner.snapshot()["stop_requested"] is True
-    assert runner.wait_idle(10)
+    assert runner.wait_idle(60)
     snap = runner.snapshot()
     assert snap["status"] == "stopped" and 3 <= snap["step"] < 10_000
     assert snap["output_path"].endswith(".safetensors")
@@ -122,7 +122,7 @@ def test_stop_ends_the_run_at_a_step_boundary(runners, tmp_path):
 def test_failures_are_reported_in_plain_words(runners, tmp_path):
     runner = runners(fake_run(steps=10, fail="the dataset folder is empty"))
     runner.submit(cfg_in(tmp_path))
-    assert runner.wait_idle(10)
+    assert runner.wait_idle(60)
     snap = runner.snapshot()
     assert snap["status"] == "failed" and snap["error"] == "the dataset folder is empty"
     assert progress.error_markdown(snap) == "**Training failed:** the dataset folder is empty"
@@ -132,13 +132,13 @@ def test_failures_are_reported_in_plain_words(runners, tmp_path):
 
     crashing = runners(crash)
     crashing.submit(cfg_in(tmp_path))
-    assert crashing.wait_idle(10)
+    assert crashing.wait_idle(60)
     assert crashing.snapshot()["error"] == "out of memory on the device"
     blocked = tmp_path / "file"
     blocked.write_text("x")
     unwritable = runners(fake_run())
     unwritable.submit(config_io.from_dict({"saving": {"output_dir": str(blocked / "sub")}}))
-    assert unwritable.wait_idle(10)
+    assert unwritable.wait_idle(60)
     snap = unwritable.snapshot()
     assert snap["status"] == "failed" and "cannot write the config" in snap["error"]
 
@@ -158,7 +158,7 @@ def test_class_images_progress_shows_until_training_starts(runners, tmp_path):
     assert noted[0].endswith(f"{CLASS_IMAGES}: 1/25")
     assert noted[-1].endswith(f"{CLASS_IMAGES}: 25/25")
     gate.set()
-    assert runner.wait_idle(10)
+    assert runner.wait_idle(60)
     snap = runner.snapshot()
     assert snap["status"] == "finished" and snap["preparing"] is None
     assert "Generating class images" not in progress.progress_html(snap)

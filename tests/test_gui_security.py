@@ -109,7 +109,7 @@ def test_only_the_output_folders_are_served(open_app, gui_home, tmp_path):  # no
     from trainer.config import files as config_io
 
     demo.runner.submit(config_io.from_dict({"saving": {"output_dir": str(cfg_dir)}}))
-    assert demo.runner.wait_idle(10)
+    assert demo.runner.wait_idle(60)
     produced = cfg_dir / "last.safetensors"
     assert produced.is_file()
     assert httpx.get(url + f"gradio_api/file={produced}").status_code == 200

@@ -80,7 +80,9 @@ def batch_loss(batch: Any, model: Any, cfg: TrainConfig, device: torch.device,
     else:
         grad = any(enc.training for _, enc, _ in family.text_encoders(model))
         with torch.set_grad_enabled(grad):
-            text = encode_captions(model, batch.captions, cfg.model.clip_skip)
+            # at the denoiser's dtype, as the cache gives it: a trained text encoder (or a
+            # textual-inversion embedding) returns fp32 where frozen bf16 weights need bf16
+            text = encode_captions(model, batch.captions, cfg.model.clip_skip).to(device, dtype)
     pred = family.predict(model, noisy, t, text, batch.size_ids, cfg)
     pred = objective.prediction(pred, noisy, t)
     target = objective.target(latents, noise, t)

@@ -96,7 +96,7 @@ def _item_loss(item: ValidationItem, timesteps: torch.Tensor, model: Any, cfg: A
         latents = item.latents.to(device, dtype).expand(n, -1, -1, -1)
         noise = item.noise[start:start + n].to(device, dtype)
         noisy = objective.noisy(latents, noise, t)
-        text = encode_captions(model, [item.caption] * n, cfg.model.clip_skip)
+        text = encode_captions(model, [item.caption] * n, cfg.model.clip_skip).to(device, dtype)
         pred = family.predict(model, noisy, t, text, item.size_ids.expand(n, -1), cfg)
         pred = objective.prediction(pred, noisy, t)
         target = objective.target(latents, noise, t)

@@ -23,6 +23,10 @@ from typing import Any, Optional
 X86_UNITS = ("amx_bf16", "avx512_bf16")
 ARM_UNIT = "bf16"
 CACHE_ENV = "KOHYA_STUDIO_CACHE"
+# The bf16 units to assume instead of reading /proc/cpuinfo: "none" (auto then stays fp32
+# without a probe: runs that must not depend on a timing, such as the tests), or a
+# comma-separated list such as "amx_bf16,avx512_bf16"
+UNITS_ENV = "KOHYA_STUDIO_CPU_BF16_UNITS"
 CACHE_FILE = "cpu_bf16.json"
 # bf16 is chosen only when it is clearly faster: a ratio near 1 is within timing noise
 FASTER_BELOW = 0.9
@@ -31,6 +35,9 @@ FASTER_BELOW = 0.9
 def bf16_units(cpuinfo: Optional[str] = None) -> tuple[str, ...]:
     """The bf16 matrix units the CPU reports, e.g. ``("amx_bf16", "avx512_bf16")``; empty when
     it has none (bf16 then runs through slow conversions)."""
+    if cpuinfo is None and os.environ.get(UNITS_ENV) is not None:
+        named = os.environ[UNITS_ENV].replace(",", " ").split()
+        return tuple(unit for unit in named if unit.lower() != "none")
     text = cpuinfo if cpuinfo is not None else _read_cpuinfo()
     flags: set[str] = set()
     for line in text.splitlines():
