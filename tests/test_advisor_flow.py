@@ -108,8 +108,10 @@ def test_advise_covers_the_tiny_flux_with_its_memory_lines(tmp_path):
 def test_a_second_process_answers_from_the_disk_cache(tmp_path, monkeypatch):
     """The simulations are kept on disk: with the in-memory answers gone (a new process) the
     same estimate comes back without simulating, at once."""
-    from trainer.advisor import footprint, model_configs
+    from trainer.advisor import footprint, model_configs, shipped
     from trainer.advisor.disk_cache import cache_file
+
+    monkeypatch.setitem(shipped._LOADED, "index", {})  # simulated, not shipped
 
     data = one_image_dataset(tmp_path / "data")
     cfg = from_dict({"mode": "dreambooth", "dataset": {

@@ -28,7 +28,9 @@ SCRIPT = textwrap.dedent("""
     answers = {}
 
     def estimate():
+        from trainer.advisor import shipped
         from trainer.advisor.estimate import advise
+        shipped._LOADED["index"] = {}  # simulate (import diffusers), as for an unshipped model
         start.wait()
         answers["advice"] = advise(cfg).problems
 

@@ -2,7 +2,8 @@
 
 ``advise(cfg, info)`` reads the dataset as the run will (``trainer.data.prepare_dataset`` and
 ``trainer.config.plan.plan_steps``), measures one step of the model on the meta device
-(:mod:`trainer.advisor.footprint`: no weight is loaded) and adds up what the run keeps in
+(:mod:`trainer.advisor.footprint`: no weight is loaded; the step's law answers any bucket,
+batch and rank, shipped made for the families' models) and adds up what the run keeps in
 memory at its peak, phase by phase:
 
 - loading (the CPU only: the weights in fp32 plus what is read beside them),
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from trainer.advisor.advice import FITS_BELOW, GIB, Advice, Memory, Steps, Timing, gib  # noqa: F401
+from trainer.advisor.law_keys import with_changes  # noqa: F401 - the advice's changes
 from trainer.advisor.rules import Recommendation, device_rules, memory_rules, throughput
 from trainer.system.library_lock import library_imports
 
@@ -49,19 +51,6 @@ OPS_PER_TENSOR = {"cpu": 12, "gpu": 0}
 CPU_HEAP = 0.5
 CACHE_BATCH = 4  # trainer.data.TrainingData.cache_latents' batch
 _DATA_CACHE: dict[str, Any] = {}
-
-
-def with_changes(cfg: Any, changes: dict[str, Any]) -> Any:
-    """``cfg`` with dotted ``changes`` applied, validated like every config."""
-    from trainer.config import files as config_io
-
-    if not changes:
-        return cfg
-    data = config_io.to_dict(cfg)
-    for path, value in changes.items():
-        section, _, name = path.rpartition(".")
-        (data.setdefault(section, {}) if section else data)[name] = value
-    return config_io.from_dict(data, "advisor")
 
 
 # --- the step arithmetic -----------------------------------------------------------------
@@ -163,14 +152,23 @@ def _dtype(precision: str) -> Any:
 
 def _step(cfg: Any, info: Any, configs: Any, bucket: tuple[int, int], gc: bool,
           measured_at: Optional[tuple[tuple[int, int], int]]) -> tuple[Any, float]:
-    """(the step's footprint, a factor for its activations and work): measured at ``bucket``
-    and the batch, or at ``measured_at`` (bucket, batch) and scaled by the pixels (what a
-    fused attention's memory and a UNet's work grow with) - the advisor's variants."""
-    from trainer.advisor.footprint import simulate_step
+    """(the step's footprint, a factor for its activations and work) at ``bucket`` and the
+    batch, from the step's law (:func:`trainer.advisor.footprint.simulate_step`). For the
+    variants the advice tries (``measured_at``: the config's own bucket and batch), a law
+    of the batch measured answers another batch rather than two more simulations; without a
+    law, the step at ``measured_at`` is scaled by the pixels (what a fused attention's memory
+    and a UNet's work grow with)."""
+    from trainer.advisor.footprint import law_footprint, simulate_step, step_law
 
-    batch = cfg.training.train_batch_size
-    at_bucket, at_batch = measured_at or (bucket, batch)
-    step = simulate_step(configs, cfg, at_bucket, at_batch, _dtype(_precision(cfg, info)), gc)
+    batch, dtype = cfg.training.train_batch_size, _dtype(_precision(cfg, info))
+    if measured_at is None:
+        return simulate_step(configs, cfg, bucket, batch, dtype, gc), 1.0
+    at_bucket, at_batch = measured_at
+    for law_batch, simulate in ((batch, False), (at_batch, True)):
+        law = step_law(configs, cfg, dtype, gc, law_batch, simulate)
+        if law is not None and (batch == 1 or law_batch > 1):
+            return law_footprint(law, configs, cfg, bucket, batch, dtype), 1.0
+    step = simulate_step(configs, cfg, at_bucket, at_batch, dtype, gc, full=True)
     scale = (batch * bucket[0] * bucket[1]) / (at_batch * at_bucket[0] * at_bucket[1])
     return step, scale
 

@@ -59,14 +59,16 @@ def flow_transformer_config(section: Any) -> Optional[dict]:
         if EMBEDDED_MODELS[value] not in ("flux1", "sd3"):
             return None
         from trainer.advisor.model_configs import cached
-        from trainer.models import tiny_flow
+        from trainer.advisor.shipped import embedded_flow_config
 
-        build = tiny_flow.build_flux_components if EMBEDDED_MODELS[value] == "flux1" \
-            else tiny_flow.build_sd3_components
         def config() -> dict:
+            from trainer.models import tiny_flow
+
+            build = tiny_flow.build_flux_components if EMBEDDED_MODELS[value] == "flux1" \
+                else tiny_flow.build_sd3_components
             transformer = build()["transformer"]
             return dict(transformer.config, _class_name=type(transformer).__name__)
-        return cached("flow-config:" + value, config)
+        return cached("flow-config:" + value, lambda: embedded_flow_config(value) or config())
     path = Path(resolve_model_path(value))
     if path.is_dir():
         config = path / "transformer" / "config.json"

@@ -2,9 +2,11 @@
 
 One training step of the transformer is simulated on the meta device (no weight exists) with
 the run's LoRA injected: the tensors a step keeps alive at its peak, gradient checkpointing on
-or off, for a (transformer config, resolution, batch, rank) once per process. What the memory
-options change is the weights, so it is arithmetic on top of that simulation, and every
-combination answers at once:
+or off. Small models of the same width (one or two blocks of each kind) are simulated and the
+whole model's peak extrapolated per block; each small model's step is a law of the size, the
+batch and the rank (:func:`trainer.advisor.law.pixel_law`), cached on disk and shipped for the
+families' models (:mod:`trainer.advisor.shipped`). What the memory options change is the
+weights, so it is arithmetic on top of that, and every combination answers at once:
 
 - frozen weights: 2 bytes a parameter in bf16; ``fp8`` 1 byte for the Linear weights that
   :func:`trainer.models.memory.store_fp8` casts (the embedders and the last projection stay bf16);
@@ -27,6 +29,8 @@ from typing import Any, Optional
 import torch
 
 from trainer.advisor.disk_cache import stored
+from trainer.advisor.law import Law, Recording, pixel_law
+from trainer.advisor.model_configs import cached, shape
 
 T5_TOKENS = {"flux1": 512, "sd3": 256}  # FLUX.1-dev's T5 length; SD 3.5's 77 + 256 below
 CLIP_TOKENS = {"flux1": 0, "sd3": 77}
@@ -91,7 +95,7 @@ def _extrapolate(config: dict, values: list[float]) -> tuple[float, float, float
     return values[0] - 2 * joint, joint, 0.0
 
 
-def _with_adapters(model: torch.nn.Module, cfg: Any) -> int:
+def _with_adapters(model: torch.nn.Module, cfg: Any, rank: Optional[int] = None) -> int:
     """Stand-ins for peft's LoRA on the run's target modules (peft's own injection takes
     tens of seconds on a 12B-parameter model): same parameters, same saved tensors."""
     from types import SimpleNamespace
@@ -100,7 +104,7 @@ def _with_adapters(model: torch.nn.Module, cfg: Any) -> int:
 
     family = "flux1" if type(model).__name__.startswith("Flux") else "sd3"
     targets = denoiser_lora_config(cfg, SimpleNamespace(unet=model, version=family))
-    rank, count = cfg.network.network_dim, 0
+    rank, count = rank or cfg.network.network_dim, 0
     for name in targets.target_modules:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
@@ -141,16 +145,25 @@ def _count(model: torch.nn.Module) -> tuple[float, float, float, float]:
     return frozen, cast, quant, lora
 
 
-def _small_model(config: dict, blocks: tuple[int, int], cfg: Any) -> torch.nn.Module:
+def _small_model(config: dict, blocks: tuple[int, int], cfg: Any,
+                 rank: Optional[int] = None) -> torch.nn.Module:
     model = meta_transformer(_small(config, blocks)).requires_grad_(False)
-    _with_adapters(model, cfg)
+    _with_adapters(model, cfg, rank)
     return model
 
 
+def _network(cfg: Any) -> dict[str, Any]:
+    """What of the network shapes the stand-in adapters besides the rank: their modules."""
+    return {"train_blocks": cfg.network.train_blocks}
+
+
 def flow_weights(config: dict, cfg: Any) -> FlowWeights:
-    """Parameter counts by kind, from small models of the same width; cached."""
+    """Parameter counts by kind, from small models of the same width (adapters of rank 1,
+    times the rank); cached."""
+    from dataclasses import replace
+
     def build() -> FlowWeights:
-        counts = [_count(_small_model(config, b, cfg)) for b in _shapes(config)]
+        counts = [_count(_small_model(config, b, cfg, 1)) for b in _shapes(config)]
         parts = [_extrapolate(config, [c[i] for c in counts]) for i in range(4)]
         doubles, singles = _block_counts(config)
         kinds = [1] * doubles + [2] * singles
@@ -162,10 +175,15 @@ def flow_weights(config: dict, cfg: Any) -> FlowWeights:
         lora = fixed[3] + doubles * parts[3][1] + singles * parts[3][2]
         total = fixed[0] + sum(units[0])
         return FlowWeights(int(total), units[0], units[1], fixed[1], units[2], int(lora))
-    key = json.dumps(["flow-weights", config, cfg.network.model_dump(mode="json")],
-                     sort_keys=True)
-    return stored(key, build, _to_lists, lambda d: FlowWeights(**{
-        k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}))
+    key = json.dumps(["flow-weights", shape(config), _network(cfg)], sort_keys=True)
+    per_rank = stored(key, build, _to_lists, lambda d: FlowWeights(**{
+        k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}), model=_model(config))
+    return replace(per_rank, lora=per_rank.lora * cfg.network.network_dim)
+
+
+def _model(config: dict) -> str:
+    """The key of what is shipped about a transformer (:mod:`trainer.advisor.shipped`)."""
+    return json.dumps(["flow", shape(config)], sort_keys=True)
 
 
 def _to_lists(w: FlowWeights) -> dict[str, Any]:
@@ -193,23 +211,27 @@ def _inputs(config: dict, size: tuple[int, int], batch: int) -> dict[str, Any]:
 
 
 def _simulate(model: torch.nn.Module, config: dict, size: tuple[int, int], batch: int,
-              checkpointing: bool) -> int:
-    """Peak bytes of one step's own tensors (bf16 compute) of ``model`` on the meta device."""
+              checkpointing: bool, record: Optional[Recording] = None) -> int:
+    """Peak bytes of one step's own tensors (bf16 compute) of ``model`` on the meta device;
+    with ``record``, what :class:`trainer.advisor.law.Recording` keeps."""
     from trainer.advisor.footprint import FusedAttention, LiveBytes, _checkpoint_func
 
     torch.nn.Module.to(model, torch.bfloat16)
     for name, p in model.named_parameters():
         p.requires_grad_("lora_" in name)
     if checkpointing:
-        model.enable_gradient_checkpointing(_checkpoint_func([0.0]))
+        model.enable_gradient_checkpointing(_checkpoint_func())
     model.train()
     inputs = _inputs(config, size, batch)
     ignore = {t.untyped_storage()._cdata for t in [*model.parameters(), *model.buffers()]}
-    live = LiveBytes(ignore)
-    with FusedAttention([0.0]), live:
+    live = LiveBytes(ignore, record=record)
+    with FusedAttention(), live:
         out = model(**inputs)[0]
         out.float().pow(2).mean().backward()
         del out
+    live.record = None  # what is freed later is not this step's
+    if record is not None:
+        record.ops = live.ops
     return live.peak
 
 
@@ -218,20 +240,67 @@ def simulate_flow_step(config: dict, cfg: Any, size: tuple[int, int], batch: int
     """Peak bytes of a LoRA step's own tensors (activations and their gradients, bf16), from
     small models of the same width: a step's memory grows by a fixed amount per block of each
     kind (the blocks' inputs kept for the backward pass, or all their activations without
-    checkpointing). ``full`` simulates the whole model instead (the tests compare). Cached."""
+    checkpointing). Each small model's peak comes from its law (:func:`flow_law`: any size,
+    batch and rank), or simulated at these values where there is none. ``full`` simulates the
+    whole model instead (the tests compare). Cached."""
+    rank = cfg.network.network_dim
+
     def build() -> int:
         if full:
             model = meta_transformer(config).requires_grad_(False)
             _with_adapters(model, cfg)
             return _simulate(model, config, size, batch, checkpointing)
-        peaks = [_simulate(_small_model(config, b, cfg), config, size, batch, checkpointing)
-                 for b in _shapes(config)]
+        peaks = []
+        for blocks in _shapes(config):
+            law = flow_law(config, blocks, cfg, checkpointing, batch) if rank > 1 else None
+            peaks.append(law.peak((batch, size[1] // 16, size[0] // 16, rank, 1)) if law
+                         else _simulate(_small_model(config, blocks, cfg), config, size,
+                                        batch, checkpointing))
         fixed, first, second = _extrapolate(config, peaks)
         doubles, singles = _block_counts(config)
         return int(fixed + doubles * first + singles * second)
     key = json.dumps(["flow-step", config, cfg.network.model_dump(mode="json"), list(size),
                       batch, checkpointing, full], sort_keys=True)
-    return stored(key, build, int, int)
+    return cached(key, build)
+
+
+FLOW_FIRST_SIDE = 32  # tokens a side (512 px) in the first of a law's simulations
+
+
+def _first_side(config: dict) -> int:
+    """The first simulation's tokens a side: 32, or fewer where SD 3.5's position embedding
+    ends at twice that or before (at its end the crop is a no-op: other operations); even,
+    so that 3/2 of it is whole."""
+    most = config.get("pos_embed_max_size") or 4 * FLOW_FIRST_SIDE
+    return min(FLOW_FIRST_SIDE, (most - 1) // 4 * 2)
+
+
+def flow_law(config: dict, blocks: tuple[int, int], cfg: Any, checkpointing: bool,
+             batch: int) -> Optional[Law]:
+    """The law (:func:`trainer.advisor.law.pixel_law`) of a small model's step: from
+    simulations at 512, 768 and 1024 px (:func:`_first_side`), at twice the batch (batch 1
+    has a law of its own) and at 7 x the rank; cached and shipped."""
+    side = _first_side(config)
+    first = (1 if batch == 1 else 2, side, side, 4, 1)
+    varied = (batch > 1, True, True, True, False)
+
+    def build() -> Optional[Law]:
+        records = {}
+        for name, (b, side, rank) in {
+                "base": (first[0], 2, first[3]), "pixels 3": (first[0], 3, first[3]),
+                "pixels 4": (first[0], 4, first[3]), "batch": (2 * first[0], 2, first[3]),
+                "rank": (first[0], 2, 7 * first[3])}.items():
+            if (name == "batch" and not varied[0]):
+                continue
+            px = 16 * first[1] * side // 2
+            records[name] = Recording()
+            _simulate(_small_model(config, blocks, cfg, rank), config, (px, px), b,
+                      checkpointing, records[name])
+        return pixel_law(records, first, varied)
+    key = json.dumps(["flow-law", shape(_small(config, blocks)), _network(cfg), checkpointing,
+                      "batch 1" if batch == 1 else "batch 2+"], sort_keys=True)
+    return stored(key, build, lambda law: law.to_json() if law else None,
+                  lambda d: Law.from_json(d) if d else None, model=_model(config))
 
 
 def weight_bytes(w: FlowWeights, base: str, swap: Optional[int]) -> int:

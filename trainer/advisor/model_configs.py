@@ -15,6 +15,10 @@ from pathlib import Path
 from typing import Any
 
 ENCODERS = ("text_encoder", "text_encoder_2")
+# Config entries that do not shape a step (the libraries' bookkeeping, which all begin with
+# "_" but the class name, and the pipelines' default size): left out of the key, so that a
+# downloaded model's configs find the laws made for the family's.
+NOT_SHAPE = ("transformers_version", "architectures", "torch_dtype", "dtype", "sample_size")
 _LOCK = threading.RLock()  # a simulation may ask for another
 _CACHE: dict[str, Any] = {}
 
@@ -30,7 +34,14 @@ class ModelConfigs:
 
     @property
     def key(self) -> str:
-        return json.dumps([self.family, self.unet, self.vae, self.text_encoders], sort_keys=True)
+        return json.dumps([self.family, shape(self.unet), shape(self.vae),
+                           [(name, shape(c)) for name, c in self.text_encoders]], sort_keys=True)
+
+
+def shape(config: dict) -> dict:
+    """A component's config less what does not shape a step (:data:`NOT_SHAPE`)."""
+    return {k: v for k, v in config.items() if k not in NOT_SHAPE
+            and (k == "_class_name" or not k.startswith("_"))}
 
 
 def _read(path: Path) -> dict:
@@ -52,8 +63,23 @@ def folder_configs(folder: Path, source: str, load_extra: int | None = None) -> 
 
 
 def embedded_configs(value: str) -> ModelConfigs:
-    """The configs of an embedded model, from its builder (nothing is written: a run may be
-    building its folder at the same time)."""
+    """The configs of an embedded model: as shipped (:mod:`trainer.advisor.shipped`) while
+    its builder is the one they came from, else from the builder (nothing is written: a run
+    may be building its folder at the same time)."""
+    def build() -> ModelConfigs:
+        from trainer.advisor.shipped import embedded_configs as shipped
+
+        found = shipped(value)
+        if found is None:
+            return built_configs(value)
+        return ModelConfigs(found["family"], found["unet"], found["vae"],
+                            tuple((n, c) for n, c in found["text_encoders"]), value, 0)
+    return cached("embedded:" + value, build)
+
+
+def built_configs(value: str) -> ModelConfigs:
+    """The configs of an embedded model, from its builder (seconds: diffusers and the tiny
+    model)."""
     from trainer.models import tiny
     from trainer.models.loader import EMBEDDED_MODELS
 
@@ -64,7 +90,7 @@ def embedded_configs(value: str) -> ModelConfigs:
                          if parts.get(name) is not None)
         return ModelConfigs("sdxl" if family == "sdxl" else "sd", dict(parts["unet"].config),
                             dict(parts["vae"].config), encoders, value, 0)
-    return cached("embedded:" + value, build)
+    return cached("built:" + value, build)
 
 
 def read_configs(section: Any) -> ModelConfigs:
@@ -98,3 +124,8 @@ def cached(key: str, build: Any) -> Any:
         if key not in _CACHE:
             _CACHE[key] = build()
         return _CACHE[key]
+
+
+def forget(key: str) -> None:
+    with _LOCK:
+        _CACHE.pop(key, None)

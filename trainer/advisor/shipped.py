@@ -1,0 +1,127 @@
+"""The advisor's laws made in advance for the families' models, so that a first estimate for
+SD 1.x, SD 2.x, SDXL, FLUX.1 or SD 3.5 (or an embedded tiny model) answers at once, with no
+simulation and without importing diffusers.
+
+``trainer/assets/advisor/<name>.json.gz`` holds, for one model shape (the built-in configs of
+a family, which single files and the families' downloaded folders share), what the advisor
+stores about it (:func:`trainer.advisor.disk_cache.stored`). For the UNet families: the
+parameter counts, the VAE encode's laws and the step's laws (:mod:`trainer.advisor.law`) for
+each mode with the presets' networks (LoRA with alpha equal to the rank or not, with or without
+the text encoder; DreamBooth with or without it; textual inversion) in fp32, bf16 and fp16,
+gradient checkpointing on and off, batch 1 and larger batches. For FLUX.1 and SD 3.5: the
+parameter counts by kind and the small models' laws (:mod:`trainer.advisor.flow_memory`) for
+each set of trained blocks, checkpointing on and off, batch 1 and larger. Every law holds for
+any bucket, batch and LoRA rank; other settings are simulated once and kept on disk.
+``embedded.json`` holds the embedded tiny models' configs (building them imports diffusers).
+
+The files are used while the code they came from is unchanged (``code``: a hash of
+:data:`CODE`); the library versions they were made with are recorded beside it. After a change
+to that code, ``python -m trainer.advisor.make_shipped`` makes them again (about an hour on 2
+CPU cores; ``--only sd1`` for one model) and ``tests/test_advisor_laws.py`` says when they are
+stale. This module reads them and imports nothing of the advisor's.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+HERE = Path(__file__).resolve().parent
+FOLDER = HERE.parent / "assets" / "advisor"
+FAMILIES = HERE.parent / "assets" / "families"
+CODE = ("footprint.py", "law.py", "law_keys.py", "live_bytes.py", "flow_memory.py")
+UNET_MODELS = ("sd1", "sd2-512", "sd2-768-v", "sdxl", "embedded:tiny-sd15",
+               "embedded:tiny-sdxl")
+FLOW_MODELS = ("flux1-dev", "flux1-schnell", "sd35-large", "sd35-medium", "sd3-medium",
+               "embedded:tiny-flux", "embedded:tiny-sd3")
+MODELS = UNET_MODELS + FLOW_MODELS
+MISSING = object()
+_LOADED: dict[str, Any] = {}
+
+
+def code_stamp() -> str:
+    """A hash of :data:`CODE` less its docstrings, comment lines and indentation (editing
+    those leaves the shipped laws in use)."""
+    h = hashlib.sha256()
+    for name in CODE:
+        h.update(_code(HERE / name).encode())
+    return h.hexdigest()[:16]
+
+
+def _code(path: Path) -> str:
+    import ast
+
+    source = path.read_text(encoding="utf-8")
+    docstrings: set[int] = set()
+    kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    for node in ast.walk(ast.parse(source)):
+        first = node.body[0] if isinstance(node, kinds) and node.body else None
+        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+                and isinstance(first.value.value, str):
+            docstrings.update(range(first.lineno, (first.end_lineno or first.lineno) + 1))
+    lines = (line.strip() for i, line in enumerate(source.splitlines(), 1) if i not in docstrings)
+    return "\n".join(line for line in lines if line and not line.startswith("#"))
+
+
+def entry_id(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def file_name(model: str) -> str:
+    return model.replace("embedded:", "") + ".json.gz"
+
+
+def _index() -> dict[str, str]:
+    """Model key's id -> file, for the files made by this code."""
+    if "index" not in _LOADED:
+        try:
+            index = json.loads((FOLDER / "index.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            index = {}
+        fresh = index.get("code") == code_stamp()
+        _LOADED["index"] = index.get("models", {}) if fresh else {}
+    return _LOADED["index"]
+
+
+def lookup(model: str, key: str) -> Any:
+    """What is shipped for ``key`` about ``model`` (a ``ModelConfigs.key``, or
+    flow_memory's key of a transformer), or MISSING."""
+    name = _index().get(entry_id(model))
+    if name is None:
+        return MISSING
+    if name not in _LOADED:
+        try:
+            with gzip.open(FOLDER / name, "rt", encoding="utf-8") as f:
+                _LOADED[name] = json.load(f)["entries"]
+        except (OSError, ValueError, KeyError):
+            _LOADED[name] = {}
+    return _LOADED[name].get(entry_id(key), MISSING)
+
+
+def _stamp(module: str) -> str:
+    return hashlib.sha256((HERE.parent / "models" / module).read_bytes()).hexdigest()[:16]
+
+
+def _embedded(value: str, section: str, module: str) -> Any:
+    if "embedded" not in _LOADED:
+        try:
+            _LOADED["embedded"] = json.loads((FOLDER / "embedded.json").read_text("utf-8"))
+        except (OSError, ValueError):
+            _LOADED["embedded"] = {}
+    data = _LOADED["embedded"].get(section, {})
+    return data.get("models", {}).get(value) if data.get("stamp") == _stamp(module) else None
+
+
+def embedded_configs(value: str) -> Optional[dict[str, Any]]:
+    """The shipped configs of an embedded UNet model (family, unet, vae, text_encoders) while
+    trainer/models/tiny.py is the one they came from, else None."""
+    return _embedded(value, "unet", "tiny.py")
+
+
+def embedded_flow_config(value: str) -> Optional[dict]:
+    """The shipped transformer config of an embedded FLUX.1 / SD 3.5 model while
+    trainer/models/tiny_flow.py is the one it came from, else None."""
+    return _embedded(value, "flow", "tiny_flow.py")
