@@ -282,7 +282,8 @@ STARTUP = (
     ("imports", re.compile(r"Device: ")),  # python, torch, the trainer; the device detected
     ("data + model load", re.compile(r"Base model: ")),  # the dataset scan, diffusers, weights
     ("bf16 probe", re.compile(r"Precision auto: ")),  # auto on a CPU with bf16 units
-    ("latent cache", re.compile(r"Latent cache ready: ")),
+    # encoded before step 1 ("ready") on a GPU; on the CPU the first epoch encodes as it goes
+    ("latent cache", re.compile(r"Latent cache( ready)?: ")),
     ("text cache + set-up", re.compile(r"\d+ images, \d+ with repeats")),  # and the optimizer
     ("first step", None),  # to step 1's bar update
 )

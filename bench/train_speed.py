@@ -23,7 +23,7 @@ def _case(resolution: int, batch: int, cache: bool, steps: int, out: str, to_dis
     """Runs inside the child process: one training run, timed per step."""
     sys.path.insert(0, str(ROOT))
     import trainer.run.loop as loop
-    import trainer.run.session as session
+    import trainer.run.caches as session
     from trainer.config.files import from_dict
 
     encoded = []

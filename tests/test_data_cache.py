@@ -131,6 +131,45 @@ def test_flip_aug_caches_both_latents_and_picks_one_per_step(root):
     assert prepare(root).cache_latents(FakeVAE(), "v", to_disk=True) == 3  # flip off: new key
 
 
+def test_a_lazy_cache_encodes_each_image_alone_when_a_batch_first_needs_it(root):
+    """The CPU's caches (trainer/run/caches.py): nothing is encoded before the first batch;
+    each image is encoded once, alone with its mirror, the first time a batch asks for it; the
+    latents equal the eager cache's; on disk, a file is written per image as it is encoded and
+    the next run reads them."""
+    vae, data = FakeVAE(), prepare(root, flip_aug=True)
+    assert data.cache_latents(vae, "v", to_disk=True, lazy=True) == 3
+    assert vae.calls == 0 and not list((root / ".cache").glob("*.safetensors"))
+    first = next(data.epoch(0, 1, seed=0))
+    assert vae.calls == 1 and vae.images == 2  # one image and its mirror, in one call
+    assert len(list((root / ".cache").glob("*.safetensors"))) == 1
+    for epoch in range(3):
+        for _ in data.epoch(epoch, 2, seed=0):
+            pass
+    assert vae.calls == 3 and vae.images == 6  # every image once, however often it is used
+    eager = prepare(root, flip_aug=True)
+    eager.cache_latents(FakeVAE(), "v", to_disk=False)
+    for a, b in zip(all_latents(data), all_latents(eager)):
+        assert torch.allclose(a, b, atol=1e-6)
+    index = [e.path for e in data.entries].index(first.paths[0])
+    assert first.latents[0].shape == data.cached_latent(index).shape
+    again = FakeVAE()
+    assert prepare(root, flip_aug=True).cache_latents(again, "v", to_disk=True, lazy=True) == 0
+    assert again.calls == 0
+
+
+def test_a_lazy_text_cache_encodes_each_caption_alone_once(root):
+    (root / "2_thing" / "tall.txt").write_text("a sq thing")  # a duplicate caption
+    data = prepare(root)
+    calls: list[list[str]] = []
+    assert data.cache_text(fake_text(calls), lazy=True) == 2
+    assert calls == []
+    for epoch in range(3):
+        for batch in data.epoch(epoch, 3, seed=0):
+            for caption, row in zip(batch.captions, batch.text.hidden):
+                assert torch.equal(row, torch.full((2, 3), float(len(caption))))
+    assert sorted(calls) == [["a sq thing"], ["a wide thing"]]
+
+
 def test_random_crop_cannot_cache_latents(root):
     data = prepare(root, random_crop=True, cache_latents=False)
     with pytest.raises(ValueError, match="dataset.random_crop.*dataset.cache_latents"):

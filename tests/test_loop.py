@@ -161,7 +161,7 @@ def test_second_run_encodes_nothing_and_a_new_resolution_reencodes(tmp_path, mon
         calls.append(pixels.shape[0])
         return real(vae, pixels)
 
-    monkeypatch.setattr("trainer.run.session.encode_images", counting)
+    monkeypatch.setattr("trainer.run.caches.encode_images", counting)
     data = one_image_dataset(tmp_path / "data", size=(128, 128))
     disk = {"cache_latents_to_disk": True, "resolution": 64}
     encoded = []
@@ -175,6 +175,32 @@ def test_second_run_encodes_nothing_and_a_new_resolution_reencodes(tmp_path, mon
     run(small_config(tmp_path, data, dataset={**disk, "resolution": 128},
                      training={"max_train_steps": 1}))
     assert sum(calls) == 1
+
+
+def test_a_cpu_run_encodes_as_its_first_epoch_goes(tmp_path, monkeypatch):
+    """On the CPU the caches fill as the first epoch reaches each image and caption
+    (trainer/run/caches.py): a run of one step on four images encodes one image and one
+    caption, not all four before its first step."""
+    import trainer.run.caches as caches
+
+    images, captions = [], []
+    real_images, real_captions = caches.encode_images, caches.encode_captions
+    monkeypatch.setattr(caches, "encode_images",
+                        lambda vae, px: images.append(px.shape[0]) or real_images(vae, px))
+    monkeypatch.setattr(caches, "encode_captions",
+                        lambda m, caps, skip: captions.append(len(caps)) or
+                        real_captions(m, caps, skip))
+    data = one_image_dataset(tmp_path / "data")
+    folder = next(data.iterdir())
+    for name in ("b", "c", "d"):  # four images with four captions
+        (folder / f"{name}.png").write_bytes((folder / "circle.png").read_bytes())
+        (folder / f"{name}.txt").write_text(f"a {name} circle")
+    sink = ListSink()
+    assert run(small_config(tmp_path, data, training={"max_train_steps": 1}),
+               sink).status == "finished"
+    assert images == [1] and captions == [1]
+    logs = [e.message for e in sink.events if hasattr(e, "message")]
+    assert any(m.startswith("Latent cache: 4 image(s) to encode") for m in logs)
 
 
 def test_checkpoints_samples_and_tensorboard_logs(tmp_path):

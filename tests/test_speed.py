@@ -27,7 +27,7 @@ class Sink:
 
 def counting_encoder(monkeypatch):
     """Count how many captions the text encoder encodes during a run."""
-    import trainer.run.session
+    import trainer.run.caches
     import trainer.run.step
 
     calls = []
@@ -38,7 +38,7 @@ def counting_encoder(monkeypatch):
         return real(model, captions, clip_skip)
 
     monkeypatch.setattr(trainer.run.step, "encode_captions", counted)
-    monkeypatch.setattr(trainer.run.session, "encode_captions", counted)
+    monkeypatch.setattr(trainer.run.caches, "encode_captions", counted)
     return calls
 
 

@@ -212,8 +212,11 @@ def memory_estimate(cfg: Any, info: Any, configs: Any, bucket: tuple[int, int],
     if ds.cache_latents:
         vae = [] if any(w[0].startswith("VAE") for w in weights) else [
             (f"VAE: {params['vae'] / 1e6:.1f} M x fp32", params["vae"] * 4)]
-        phases.append(("caching latents", runtime + weights + vae + [
-            (f"VAE encode: batch {CACHE_BATCH}", simulate_encode(configs, bucket, CACHE_BATCH))]))
+        # the CPU encodes each image (and its mirror) between the first epoch's steps
+        # (trainer/run/caches.py), the optimizer state beside it; a GPU before the first step
+        rows = (2 if ds.flip_aug else 1) if cpu else CACHE_BATCH
+        phases.append(("caching latents", runtime + weights + vae + (state if cpu else []) + [
+            (f"VAE encode: batch {rows}", simulate_encode(configs, bucket, rows))]))
     if cpu:
         total = sum(params.values())
         phases.append(("loading the model", runtime + [

@@ -71,11 +71,17 @@ def is_valid_cache_file(path: Path, key: str, flip: bool, mask: bool = False) ->
 
 
 class LatentStore:
-    """Latents per image index: tensors in memory, or files read when a batch needs them."""
+    """Latents per image index: tensors in memory, or files read when a batch needs them.
+
+    A lazy store (``build_latent_cache(..., lazy=True)``) also holds the images not encoded
+    yet and encodes each one the first time a batch asks for it, alone (one call per image and
+    its mirror), so that its latent never depends on which images shared its batch."""
 
     def __init__(self) -> None:
         self._memory: dict[int, dict[str, torch.Tensor]] = {}
         self._files: dict[int, Path] = {}
+        self._pending: dict[int, LatentJob] = {}
+        self._encode_pending: Optional[Callable[[LatentJob], None]] = None
 
     def put(self, index: int, latents: dict[str, torch.Tensor]) -> None:
         self._memory[index] = latents
@@ -84,9 +90,25 @@ class LatentStore:
         self._files[index] = path
 
     def __len__(self) -> int:
-        return len(self._memory) + len(self._files)
+        return len(self._memory) + len(self._files) + len(self._pending)
+
+    def defer(self, jobs: list[LatentJob], encode_one: Callable[[LatentJob], None]) -> None:
+        """Encode ``jobs`` later, each with ``encode_one`` when a batch first asks for it."""
+        self._pending.update((job.index, job) for job in jobs)
+        self._encode_pending = encode_one
+
+    @property
+    def pending(self) -> int:
+        """Images of a lazy store that no batch has asked for yet."""
+        return len(self._pending)
+
+    def _ready(self, index: int) -> None:
+        job = self._pending.pop(index, None)
+        if job is not None and self._encode_pending is not None:
+            self._encode_pending(job)
 
     def get(self, index: int, flipped: bool = False) -> torch.Tensor:
+        self._ready(index)
         latents = self._memory.get(index)
         if latents is None:
             latents = load_file(str(self._files[index]))
@@ -94,6 +116,7 @@ class LatentStore:
 
     def get_with_mask(self, index: int, flipped: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """The latent and its cached loss mask [1, h, w] (flipped with it), one file read."""
+        self._ready(index)
         entry = self._memory.get(index)
         if entry is None:
             entry = load_file(str(self._files[index]))
@@ -159,9 +182,12 @@ def build_latent_cache(
     flip: bool,
     cache_dir: Optional[Path],
     batch_size: BatchSize = 4,
+    lazy: bool = False,
 ) -> tuple[LatentStore, int]:
     """Cache every job's latents (on disk when ``cache_dir`` is given); returns the store and
-    the number of images that were encoded."""
+    the number of images that were encoded. ``lazy``: encode none now; the store encodes each
+    image (and writes its file) when a batch first asks for it, and the number returned is
+    how many it will encode."""
     if not callable(batch_size) and batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     store, todo, files = LatentStore(), [], {}
@@ -175,13 +201,20 @@ def build_latent_cache(
             store.put_file(job.index, files[job.index][0])
         else:
             todo.append(job)
-    for job, latents in encode_jobs(todo, encode, flip, batch_size):
+
+    def keep(job: LatentJob, latents: dict[str, torch.Tensor]) -> None:
         if cache_dir is None:
             store.put(job.index, latents)
-            continue
+            return
         path, key = files[job.index]
         meta = {"key": key, "format": CACHE_FORMAT, "bucket": bucket_name(job.bucket),
                 "vae_id": vae_id, "source": job.path.name}
         save_safetensors_atomic(path, {k: v.contiguous() for k, v in latents.items()}, meta)
         store.put_file(job.index, path)
+
+    if lazy:
+        store.defer(todo, lambda job: keep(*next(encode_jobs([job], encode, flip, 1))))
+        return store, len(todo)
+    for job, latents in encode_jobs(todo, encode, flip, batch_size):
+        keep(job, latents)
     return store, len(todo)

@@ -165,10 +165,12 @@ class TrainingData:
         to_disk: bool,
         cache_dir: Optional[Path] = None,
         batch_size: int = 4,
+        lazy: bool = False,
     ) -> int:
         """Encode every image once (``encode``: pixels [B,3,H,W] in [-1,1] on the CPU ->
         latents [B,C,H/8,W/8]); on disk under ``cache_dir`` (default ``<train_data_dir>/.cache``)
-        when ``to_disk``. Returns how many images were encoded (0 when the disk cache is valid)."""
+        when ``to_disk``. Returns how many images were encoded (0 when the disk cache is valid);
+        ``lazy``: how many will be, each when a batch first needs it."""
         if any(self._random_crop(i) for i in range(len(self.entries))):
             raise ValueError(random_crop_conflict())
         colored = next((o.where for o in self._options if o and o.color_aug), None)
@@ -183,7 +185,7 @@ class TrainingData:
                                   resized, box, self.masks[index] if self.masks else None))
         folder = (Path(cache_dir) if cache_dir else self.default_cache_dir) if to_disk else None
         flip = any(self._flip_aug(i) for i in range(len(self.entries)))
-        store, encoded = build_latent_cache(jobs, encode, vae_id, flip, folder, batch_size)
+        store, encoded = build_latent_cache(jobs, encode, vae_id, flip, folder, batch_size, lazy)
         self._latents = store
         return encoded
 
@@ -202,10 +204,12 @@ class TrainingData:
         return [apply_caption(e.caption, o, rng) for e, o in zip(self.entries, opts)]
 
     def cache_text(self, encode_text: EncodeText, batch_size: int = 16, to_disk: bool = False,
-                   cache_dir: Optional[Path] = None, identity: str = "") -> int:
+                   cache_dir: Optional[Path] = None, identity: str = "",
+                   lazy: bool = False) -> int:
         """Encode each distinct final caption once; returns how many captions were encoded
         (with ``to_disk``, those not found under ``cache_dir``, default
-        ``<train_data_dir>/.cache``, for the encoders ``identity``).
+        ``<train_data_dir>/.cache``, for the encoders ``identity``; ``lazy``: how many will be,
+        each when a batch first needs it).
 
         Raises ``ValueError`` when the configuration does not allow it (see
         ``text_cache_blocker``)."""
@@ -213,7 +217,7 @@ class TrainingData:
             raise ValueError(f"text-encoder outputs cannot be cached: {self.text_cache_blocker}")
         folder = (Path(cache_dir) if cache_dir else self.default_cache_dir) if to_disk else None
         self._text = TextCache.build(self.final_captions(), encode_text, batch_size, folder,
-                                     identity)
+                                     identity, lazy)
         return self._text.encoded
 
     def epoch(self, epoch: int, batch_size: int, seed: int, skip: int = 0,

@@ -54,22 +54,33 @@ def text_cache_allowed(cfg: Any, trains_text_encoder: Optional[bool] = None) -> 
 
 class TextCache:
     """Text-encoder outputs per caption, kept on the CPU: the hidden states, and for SDXL the
-    pooled embedding (``encode_text`` returns a TextConditioning)."""
+    pooled embedding (``encode_text`` returns a TextConditioning).
+
+    A lazy cache (``build(..., lazy=True)``) encodes each of its captions the first time a batch
+    asks for it, alone, so that its outputs never depend on which captions shared a call."""
 
     def __init__(self, rows: dict[str, tuple[torch.Tensor, Optional[torch.Tensor]]]) -> None:
         self._rows = rows
         self.encoded = len(rows)  # how many captions were encoded (not read from disk)
+        self._pending: set[str] = set()
+        self._encode: Optional[Callable[[list[str]], None]] = None
 
     def __len__(self) -> int:
-        return len(self._rows)
+        return len(self._rows) + len(self._pending)
+
+    @property
+    def pending(self) -> int:
+        """Captions of a lazy cache that no batch has asked for yet."""
+        return len(self._pending)
 
     @classmethod
     def build(
         cls, captions: Iterable[str], encode_text: EncodeText, batch_size: int = 16,
-        folder: Optional[Path] = None, identity: str = "",
+        folder: Optional[Path] = None, identity: str = "", lazy: bool = False,
     ) -> TextCache:
         """Encode each distinct caption once; with ``folder``, reuse and keep each caption's
-        outputs there (trainer/data/text_store.py; ``identity``: the encoders' id)."""
+        outputs there (trainer/data/text_store.py; ``identity``: the encoders' id). ``lazy``:
+        encode none now (``encoded`` is then how many will be)."""
         rows: dict[str, tuple[torch.Tensor, Optional[torch.Tensor]]] = {}
         unique = sorted(set(captions))
         if folder is not None:
@@ -78,8 +89,8 @@ class TextCache:
                 if row is not None:
                     rows[caption] = row
             unique = [c for c in unique if c not in rows]
-        for start in range(0, len(unique), batch_size):
-            chunk = unique[start : start + batch_size]
+
+        def encode(chunk: list[str]) -> None:
             with torch.no_grad():
                 out = _as_conditioning(encode_text(chunk))
             if out.hidden.shape[0] != len(chunk):
@@ -94,11 +105,20 @@ class TextCache:
                                  None if pooled is None else pooled[i].clone())
                 if folder is not None:
                     save_row(caption_file(folder, identity, caption), *rows[caption])
+
         cache = cls(rows)
+        if lazy:
+            cache._pending, cache._encode = set(unique), encode
+        else:
+            for start in range(0, len(unique), batch_size):
+                encode(unique[start : start + batch_size])
         cache.encoded = len(unique)
         return cache
 
     def get(self, captions: list[str]) -> TextConditioning:
+        for caption in dict.fromkeys(c for c in captions if c in self._pending):
+            self._pending.discard(caption)
+            self._encode([caption])
         missing = [c for c in captions if c not in self._rows]
         if missing:
             raise KeyError(f"captions not in the text cache: {missing}")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Protocol
@@ -22,10 +21,10 @@ from trainer.config import TrainConfig
 from trainer.config.plan import StepPlan, plan_steps
 from trainer.events import Event
 from trainer.run import fsdp, full_fp16, fused_steps
+from trainer.run.caches import fill_caches
 from trainer.run.cpu_precision import choose_cpu_precision, cpu_bf16_norms
 from trainer.run.ema import NoEma, make_ema
 from trainer.run.state import Progress
-from trainer.run.step import encode_captions, encode_images
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +119,7 @@ def prepare(s: Session, out: Reporter) -> None:
     with library_imports():
         groups = _place_and_inject(s, out)
     _compile(s, out)
-    _cache(s, out)
+    fill_caches(s, out)  # trainer/run/caches.py
     out.check_stop()
     tr = s.cfg.training
     processes = s.accelerator.num_processes  # a step trains the global batch
@@ -281,83 +280,6 @@ def _compile(s: Session, out: Reporter) -> None:
         return
     s.model.unet.compile(**compile_options())
     out.log("UNet compiled with torch.compile: the first steps wait for the compiler")
-
-
-def _cache(s: Session, out: Reporter) -> None:
-    from trainer.run import cache_batches
-
-    ds, model = s.cfg.dataset, s.model
-    if ds.cache_latents:
-        start = time.time()
-        # hashing the VAE's weights is only worth it for a cache that outlives the run
-        vae_id = model.vae_id if ds.cache_latents_to_disk else "in-memory"
-        backend = s.device_info.backend  # issue 20: batches sized to memory, bf16 where it is
-        with torch.no_grad():
-            encoded = s.data.cache_latents(
-                cache_batches.latent_encoder(lambda px: encode_images(model.vae, px), backend,
-                                             s.dtype),
-                cache_batches.latent_id(vae_id, backend, s.dtype),
-                to_disk=ds.cache_latents_to_disk,
-                cache_dir=Path(ds.cache_dir) if ds.cache_dir else None,
-                batch_size=cache_batches.latent_batches(model.vae.config,
-                                                        cache_batches.budget(s.device_info)))
-        out.log(f"Latent cache ready: {encoded} image(s) encoded in {time.time() - start:.1f}s")
-        if not s.cfg.sampling.sample_prompts:
-            model.vae.to("cpu")  # not needed on the device any more
-    if _caches_text(s):
-        start, disk = time.time(), ds.cache_text_encoder_outputs_to_disk
-        identity = _text_identity(s) if disk else ""
-        with torch.no_grad():
-            encoded = s.data.cache_text(
-                lambda caps: encode_captions(model, caps, s.cfg.model.clip_skip), to_disk=disk,
-                cache_dir=Path(ds.cache_dir) if ds.cache_dir else None, identity=identity,
-                batch_size=cache_batches.text_batch(
-                    cache_batches.text_encoder_configs(model), cache_batches.budget(
-                        s.device_info), cache_batches.element_size(model.text_encoder)))
-        if disk:
-            out.log(f"Text-encoder cache ready: {encoded} caption(s) encoded in "
-                    f"{time.time() - start:.1f}s, the rest read from disk")
-        _release_text_encoders(s, out)
-
-
-def _text_identity(s: Session) -> str:
-    """What the disk text cache's files are keyed by besides the caption."""
-    from trainer.data.text_store import encoder_id
-    from trainer.models.conditioning import family_of
-
-    model = s.model
-    encoders = [encoder for _, encoder, _ in family_of(model).text_encoders(model)]
-    return encoder_id(encoders, {"family": model.version, "clip_skip": s.cfg.model.clip_skip,
-                                 "t5_max_length": model.t5_max_length,
-                                 "prompt": str(model.prompt_options)})
-
-
-def _release_text_encoders(s: Session, out: Reporter) -> None:
-    """With every caption's outputs cached, the frozen text encoders are not needed on the
-    device (T5-XXL alone is 9.5 GB in bf16); samples bring them back while they run."""
-    from trainer.models.conditioning import family_of
-
-    if s.device_info.backend == "cpu":
-        return
-    moved = [name for name, encoder, _ in family_of(s.model).text_encoders(s.model)
-             if not any(p.requires_grad for p in encoder.parameters())]
-    for name in moved:
-        getattr(s.model, name).to("cpu")
-    if moved:
-        out.log(f"Text encoder outputs cached: {', '.join(moved)} moved off the device")
-
-
-def _caches_text(s: Session) -> bool:
-    """On: prepare_dataset refused it where it is not valid. Unset: wherever the outputs cannot
-    change, since encoding each caption once is the same run, faster (the text encoder is a
-    large part of a small-resolution step)."""
-    from trainer.data.text_cache import text_cache_allowed
-
-    wanted = s.cfg.dataset.cache_text_encoder_outputs
-    if wanted is None:
-        return text_cache_allowed(s.cfg, s.method.trains_text_encoder)[0] \
-            and not s.data.text_cache_blocker
-    return wanted
 
 
 def _optimizer(s: Session, groups: list[dict[str, Any]]) -> None:

@@ -1,0 +1,118 @@
+"""The latent and text-encoder caches of a run, filled before the first step or as it goes.
+
+On a GPU every image and caption is encoded before the first step, in batches sized to memory
+(trainer/run/cache_batches.py), so that the VAE and the frozen text encoders can leave the
+device for the whole of training (T5-XXL alone is 9.5 GB in bf16). On the CPU nothing leaves:
+the encoders stay in the same RAM either way, so encoding everything first only delays the
+first step (issue 20: 16 images and captions of an SD 1.5-size run cost 2.4 s of a 7.6 s
+start). There the caches are lazy: each image and caption is encoded alone the first time a
+batch of the first epoch needs it, and kept (in memory, or written to the disk cache) for every
+later epoch; a run shorter than an epoch encodes only what it trains on. Encoding each one
+alone keeps its latent independent of which images shared its batch, so a resumed run reads
+the same latents as the run it continues.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer.run.step import encode_captions, encode_images
+
+
+def lazy(s: Any) -> bool:
+    """Whether this run's caches fill as the first epoch goes (the CPU) or before it."""
+    return s.device_info.backend == "cpu"
+
+
+def fill_caches(s: Any, out: Any) -> None:
+    """Fill (or, on the CPU, set up) the caches the config asks for."""
+    from trainer.run import cache_batches
+
+    ds, model, later = s.cfg.dataset, s.model, lazy(s)
+    if ds.cache_latents:
+        start = time.time()
+        # hashing the VAE's weights is only worth it for a cache that outlives the run
+        vae_id = model.vae_id if ds.cache_latents_to_disk else "in-memory"
+        backend = s.device_info.backend  # issue 20: batches sized to memory, bf16 where it is
+        with torch.no_grad():
+            encoded = s.data.cache_latents(
+                cache_batches.latent_encoder(lambda px: encode_images(model.vae, px), backend,
+                                             s.dtype),
+                cache_batches.latent_id(vae_id, backend, s.dtype),
+                to_disk=ds.cache_latents_to_disk,
+                cache_dir=Path(ds.cache_dir) if ds.cache_dir else None,
+                batch_size=cache_batches.latent_batches(model.vae.config,
+                                                        cache_batches.budget(s.device_info)),
+                lazy=later)
+        if later:
+            out.log(f"Latent cache: {encoded} image(s) to encode, each when the first epoch "
+                    f"reaches it" + (", the rest read from disk" if ds.cache_latents_to_disk
+                                     else ""))
+        else:
+            out.log(f"Latent cache ready: {encoded} image(s) encoded in "
+                    f"{time.time() - start:.1f}s")
+        if not s.cfg.sampling.sample_prompts and not later:
+            model.vae.to("cpu")  # not needed on the device any more
+    if caches_text(s):
+        start, disk = time.time(), ds.cache_text_encoder_outputs_to_disk
+        identity = _text_identity(s) if disk else ""
+        with torch.no_grad():
+            encoded = s.data.cache_text(
+                lambda caps: encode_captions(model, caps, s.cfg.model.clip_skip), to_disk=disk,
+                cache_dir=Path(ds.cache_dir) if ds.cache_dir else None, identity=identity,
+                batch_size=cache_batches.text_batch(
+                    cache_batches.text_encoder_configs(model), cache_batches.budget(
+                        s.device_info), cache_batches.element_size(model.text_encoder)),
+                lazy=later)
+        if later:
+            out.log(f"Text-encoder cache: {encoded} caption(s) to encode, each when the first "
+                    f"epoch reaches it" + (", the rest read from disk" if disk else ""))
+        elif disk:
+            out.log(f"Text-encoder cache ready: {encoded} caption(s) encoded in "
+                    f"{time.time() - start:.1f}s, the rest read from disk")
+        if not later:
+            _release_text_encoders(s, out)
+
+
+def _text_identity(s: Any) -> str:
+    """What the disk text cache's files are keyed by besides the caption."""
+    from trainer.data.text_store import encoder_id
+    from trainer.models.conditioning import family_of
+
+    model = s.model
+    encoders = [encoder for _, encoder, _ in family_of(model).text_encoders(model)]
+    return encoder_id(encoders, {"family": model.version, "clip_skip": s.cfg.model.clip_skip,
+                                 "t5_max_length": model.t5_max_length,
+                                 "prompt": str(model.prompt_options)})
+
+
+def _release_text_encoders(s: Any, out: Any) -> None:
+    """With every caption's outputs cached, the frozen text encoders are not needed on the
+    device (T5-XXL alone is 9.5 GB in bf16); samples bring them back while they run."""
+    from trainer.models.conditioning import family_of
+
+    if s.device_info.backend == "cpu":
+        return
+    moved = [name for name, encoder, _ in family_of(s.model).text_encoders(s.model)
+             if not any(p.requires_grad for p in encoder.parameters())]
+    for name in moved:
+        getattr(s.model, name).to("cpu")
+    if moved:
+        out.log(f"Text encoder outputs cached: {', '.join(moved)} moved off the device")
+
+
+def caches_text(s: Any) -> bool:
+    """On: prepare_dataset refused it where it is not valid. Unset: wherever the outputs cannot
+    change, since encoding each caption once is the same run, faster (the text encoder is a
+    large part of a small-resolution step)."""
+    from trainer.data.text_cache import text_cache_allowed
+
+    wanted = s.cfg.dataset.cache_text_encoder_outputs
+    if wanted is None:
+        return text_cache_allowed(s.cfg, s.method.trains_text_encoder)[0] \
+            and not s.data.text_cache_blocker
+    return wanted
