@@ -64,6 +64,37 @@ def test_every_memory_option_trains_in_bf16_on_the_cpu(tmp_path, option):
     _bf16_run(tmp_path, **option)
 
 
+def test_dreambooth_in_bf16_trains_the_loaded_fp32_weights_not_rounded_ones(tmp_path,
+                                                                             monkeypatch):
+    """What DreamBooth trains whole (the UNet, a trained text encoder) stays fp32 from the
+    load on: it was cast to the compute dtype with the frozen modules and back, so a bf16 run
+    started from weights rounded to bf16. The weights the optimizer gets are those loaded."""
+    from trainer.models.loader import load_base_model
+    from trainer.run import session
+
+    seen = {}
+    real_optimizer = session._optimizer
+
+    def optimizer(s, groups):
+        for name in ("unet", "text_encoder"):
+            seen[name] = {k: v.detach().clone()
+                          for k, v in getattr(s.model, name).state_dict().items()}
+        return real_optimizer(s, groups)
+
+    monkeypatch.setattr(session, "_optimizer", optimizer)
+    data = one_image_dataset(tmp_path / "data")
+    cfg = small_config(tmp_path, data, mode="dreambooth",
+                       training={"mixed_precision": "bf16", "max_train_steps": 1},
+                       network={"train_text_encoder": True})
+    result = run(cfg)
+    assert result.status == "finished", result.error
+    loaded = load_base_model(cfg.model)
+    for name in ("unet", "text_encoder"):
+        for key, value in getattr(loaded, name).state_dict().items():
+            assert seen[name][key].dtype == torch.float32, f"{name}: {key}"
+            assert torch.equal(seen[name][key], value), f"{name}: {key}"
+
+
 def test_a_bf16_norm_fed_fp32_fails_unless_kept_fp32():
     norm = torch.nn.LayerNorm(8).to(torch.bfloat16)
     with pytest.raises(RuntimeError, match="mixed dtype"):

@@ -45,6 +45,12 @@ class MethodBase:
                 for name, encoder, _ in family.text_encoders(model)
                 if wanted[name][0]]
 
+    def whole_modules(self, model: Any) -> list[Any]:
+        """The modules every weight of which this method trains (DreamBooth's): set-up keeps
+        them in fp32 (or full_bf16's dtype) from the load on, never rounded to the compute
+        dtype on the way, as the frozen ones are."""
+        return []
+
     @property
     def save_dtype(self) -> torch.dtype:
         return SAVE_DTYPES[self.cfg.saving.save_precision]

@@ -23,6 +23,10 @@ FLOW_PARTS = {"flux1": ("transformer", "vae", "clip_l", "t5xxl"),
 
 
 class DreamBoothMethod(MethodBase):
+    def whole_modules(self, model: Any) -> list[Any]:
+        unet = [model.unet] if self.cfg.network.train_unet else []
+        return unet + [encoder for _, encoder, _ in self.trained_text_encoders(model)]
+
     def prepare(self, model: Any) -> list[dict[str, Any]]:
         net, opt = self.cfg.network, self.cfg.optimizer
         encoders = self.trained_text_encoders(model)

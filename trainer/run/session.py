@@ -227,10 +227,14 @@ def _place_and_inject(s: Session, out: Reporter) -> list[dict[str, Any]]:
     model.vae.to(device).eval()  # the VAE stays fp32: SD's VAE overflows in fp16
     memory = _memory_plan(s, out)  # issue 19: fp8 / NF4 base, block swap
     place = fsdp.placement(s.cfg, device)  # FSDP: the CPU, sharding moves them block by block
+    whole = s.method.whole_modules(model)  # trained whole: fp32 weights, as loaded
     for module in _networks(model):
         if memory.holds(module):
             continue
-        module.to(place) if s.dtype == torch.float32 else module.to(place, s.dtype)
+        if s.dtype == torch.float32 or any(module is m for m in whole):
+            module.to(place)
+        else:
+            module.to(place, s.dtype)
     cpu_bf16_norms(s.device_info.backend, s.dtype, _networks(model))  # issue 20: mixed dtype
     groups = s.method.prepare(model)
     trained = _trained_modules(model)
