@@ -82,7 +82,7 @@ def _prepare(name: str, option: str, swap: int, device):
     model = SimpleNamespace(unet=_denoiser(name, device), version=MODELS[name])
     model.unet.requires_grad_(False)
     plan = MemoryPlan(cfg, model, torch.bfloat16, device)
-    plan.begin(device.type, device.type.upper(), lambda m: None)
+    plan.begin(device.type, device.type.upper(), lambda *_: None)
     if not plan.holds(model.unet):
         model.unet.to(device)
     inject_adapter_in_model(denoiser_lora_config(cfg, model), model.unet)

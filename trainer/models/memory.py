@@ -192,9 +192,15 @@ class MemoryPlan:
         """Whether this plan moves ``module`` to the device itself (in :meth:`finish`)."""
         return any(module is held for held in self.held)
 
-    def begin(self, backend: str, label: str, log: Callable[[str], None]) -> None:
-        """Refuse what ``backend`` cannot run; cast the held modules on the host; quantize."""
+    def begin(self, backend: str, label: str, log: Callable[..., None]) -> None:
+        """Refuse what ``backend`` cannot run; cast the held modules on the host; quantize.
+        ``log(message, level="info")``: the run's log."""
         check_memory_options(self.cfg, backend, label)
+        if backend == "cpu" and self.base == "fp8":
+            log("model.base_precision = 'fp8' on the CPU: each layer's weights are cast from "
+                "fp8 at every step, which the CPU does slowly (an SD 1.5-size UNet at 256 px: "
+                "21 s/step against 1.3 in bf16, bench/memory_options.py); 'full' with "
+                "training.mixed_precision = 'bf16' halves the memory at full speed", "warning")
         for module in self.held:
             if self.dtype != torch.float32:
                 module.to(self.dtype)
