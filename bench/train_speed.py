@@ -22,18 +22,18 @@ WARMUP = 5
 def _case(resolution: int, batch: int, cache: bool, steps: int, out: str, to_disk: bool) -> dict:
     """Runs inside the child process: one training run, timed per step."""
     sys.path.insert(0, str(ROOT))
+    import trainer.run.caches as caches
     import trainer.run.loop as loop
-    import trainer.run.caches as session
     from trainer.config.files import from_dict
 
     encoded = []
-    real_encode = session.encode_images
+    real_encode = caches.encode_images
 
     def counting(vae, pixels):
         encoded.append(pixels.shape[0])
         return real_encode(vae, pixels)
 
-    session.encode_images = counting
+    caches.encode_images = counting
     sink = StepTimes()
 
     cfg = from_dict({

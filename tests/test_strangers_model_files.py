@@ -149,7 +149,7 @@ def test_the_checks_pass_good_files(files):
     file_checks.check_base_model_file(good, "model.pretrained_model_name_or_path")
 
 
-def test_the_gui_runner_reports_it_and_runs_the_next_job(files, tmp_path, gui_home):
+def test_the_gui_runner_reports_it_and_runs_the_next_job(files, tmp_path, gui_home):  # noqa: F811
     from kohya_gui.runner import Runner
     from trainer.config import files as config_io
 
