@@ -120,7 +120,11 @@ if [ "$("$UV" --version 2>/dev/null)" != "uv $uv_version" ]; then
 fi
 uv_env=$("$VENV/bin/python" scripts/uv_env.py) || fail "reading pip's configuration for uv"
 eval "$uv_env"
-UV_PIP=("$UV" pip install --python "$VENV/bin/python")
+# --compile-bytecode: the .pyc files are written here, once (about 25 s on 2 cores), rather than
+# by each module's first import, or by none where Python may not write them
+# (PYTHONDONTWRITEBYTECODE, a read-only venv): without them every process spends about 6 s
+# more importing torch, transformers and diffusers (12.8 s instead of 6.3 s here)
+UV_PIP=("$UV" pip install --compile-bytecode --python "$VENV/bin/python")
 
 echo "setup.sh: installing PyTorch $torch_version for $platform"
 case "$platform/$mode" in

@@ -122,6 +122,8 @@ def test_the_cpu_lock_is_installed_after_a_cpu_torch(tmp_path):
     assert "--no-deps" in project and project.endswith("-e .")
     assert any(c.startswith("uv pip check") for c in calls)
     assert (tmp_path / "venv" / ".kohya-setup-ok").read_text().startswith("cpu dev=0 lock ")
+    # bytecode compiled at install: no process pays 6 s of compiling where .pyc can't be written
+    assert all("--compile-bytecode" in c for c in (torch_cpu, lock, project))
 
 
 def test_a_second_run_does_nothing(tmp_path):
