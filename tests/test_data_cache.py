@@ -157,6 +157,23 @@ def test_a_lazy_cache_encodes_each_image_alone_when_a_batch_first_needs_it(root)
     assert again.calls == 0
 
 
+def test_a_lazy_encode_that_failed_is_tried_again(root):
+    vae, data = FakeVAE(), prepare(root, resolution=64, enable_bucket=False)
+    failing = {"left": 1}
+
+    def flaky(pixels):
+        if failing["left"]:
+            failing["left"] -= 1
+            raise RuntimeError("out of memory")
+        return vae(pixels)
+
+    data.cache_latents(flaky, "v", to_disk=False, lazy=True)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        next(data.epoch(0, 1, seed=0))
+    batch = next(data.epoch(0, 1, seed=0))  # the same image: encoded now, not lost
+    assert vae.images == 1 and batch.latents.shape[0] == 1
+
+
 def test_a_lazy_text_cache_encodes_each_caption_alone_once(root):
     (root / "2_thing" / "tall.txt").write_text("a sq thing")  # a duplicate caption
     data = prepare(root)

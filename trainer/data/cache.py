@@ -103,9 +103,10 @@ class LatentStore:
         return len(self._pending)
 
     def _ready(self, index: int) -> None:
-        job = self._pending.pop(index, None)
+        job = self._pending.get(index)
         if job is not None and self._encode_pending is not None:
             self._encode_pending(job)
+            del self._pending[index]  # after: an encode that failed is tried again
 
     def get(self, index: int, flipped: bool = False) -> torch.Tensor:
         self._ready(index)

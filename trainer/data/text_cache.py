@@ -117,8 +117,8 @@ class TextCache:
 
     def get(self, captions: list[str]) -> TextConditioning:
         for caption in dict.fromkeys(c for c in captions if c in self._pending):
-            self._pending.discard(caption)
             self._encode([caption])
+            self._pending.discard(caption)  # after: an encode that failed is tried again
         missing = [c for c in captions if c not in self._rows]
         if missing:
             raise KeyError(f"captions not in the text cache: {missing}")
