@@ -12,6 +12,7 @@ from trainer.config.paths import PROJECT_ROOT
 
 sys.path.insert(0, str(PROJECT_ROOT / "bench"))
 import compare_peers  # noqa: E402
+import peer_runs  # noqa: E402
 
 
 def test_the_studio_config_is_valid_and_matches_the_peers(tmp_path):
@@ -127,6 +128,6 @@ def test_the_studio_upscales_the_64_px_images_to_the_one_256_px_size_as_the_peer
 def test_warm_ups_are_short_and_a_quiet_machine_can_be_told_by_its_cpu_use():
     args = compare_peers.parse_args(["--steps", "20"])
     assert (args.steps, args.warmup_steps, args.idle_cores) == (20, 4, None)
-    busy = compare_peers.cpu_busy(0.2)
-    assert busy is None or 0.0 <= busy <= (compare_peers.os.cpu_count() or 1) + 0.01
-    assert compare_peers.wait_for_quiet(1e9, 0.0)  # below any load: at once
+    busy = peer_runs.cpu_busy(0.2)
+    assert busy is None or 0.0 <= busy <= (peer_runs.os.cpu_count() or 1) + 0.01
+    assert peer_runs.wait_for_quiet(1e9, 0.0)  # below any load: at once
