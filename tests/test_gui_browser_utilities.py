@@ -17,6 +17,8 @@ pytestmark = pytest.mark.browser
 
 BARS_DRAWN = """() => document.querySelectorAll(
   '#inspect-norms g.mark-rect path, #inspect-norms g.mark-rect rect').length > 10"""
+CELL_EDITOR_FOCUSED = """() => { const a = document.activeElement;
+  return !!a && !!a.closest('#editor-table') && ['TEXTAREA', 'INPUT'].includes(a.tagName); }"""
 THUMBNAILS_SHOWN = """() => [...document.querySelectorAll('#editor-table img')].filter(
   img => img.complete && img.naturalWidth > 0).length >= 3"""
 
@@ -73,6 +75,9 @@ def test_caption_editor_shows_thumbnails_and_saves(page, tmp_path):  # noqa: F81
     page.locator("#editor-table").screenshot(path=str(ARTIFACTS / "gui_caption_editor.png"))
     cell = page.locator('#editor-table [data-testid="cell-1-2"]').first  # img1's caption
     cell.dblclick()
+    # The cell's editor mounts a moment after the double click: keys typed before it has the
+    # focus are lost (CI once saved "ue, square"), so type only once it has it.
+    page.wait_for_function(CELL_EDITOR_FOCUSED)
     page.keyboard.type("blue, square")
     page.keyboard.press("Enter")
     page.click("#editor-save")
