@@ -49,13 +49,10 @@ def test_device_classes():
 @pytest.mark.parametrize("device, precision, expected, absent", [
     (RDNA3_12GB, "fp16", {"Turn on gradient checkpointing":
                           {"training.gradient_checkpointing": True},
-                          "bf16 mixed precision": {"training.mixed_precision": "bf16"}},
-     ["fp8 base weights: not available yet"]),
-    (MI300X, "fp16", {"bf16 mixed precision": {"training.mixed_precision": "bf16"},
-                      "fp8 base weights: not available yet": {}},
+                          "bf16 mixed precision": {"training.mixed_precision": "bf16"}}, []),
+    (MI300X, "fp16", {"bf16 mixed precision": {"training.mixed_precision": "bf16"}},
      ["Turn on gradient checkpointing"]),
-    (H200, "fp16", {"bf16 mixed precision": {"training.mixed_precision": "bf16"},
-                    "fp8 base weights: not available yet": {}},
+    (H200, "fp16", {"bf16 mixed precision": {"training.mixed_precision": "bf16"}},
      ["Turn on gradient checkpointing"]),
     (RTX_8GB, "no", {"Turn on gradient checkpointing": {"training.gradient_checkpointing": True},
                      "Use bf16 mixed precision": {"training.mixed_precision": "bf16"}},

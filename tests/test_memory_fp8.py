@@ -53,6 +53,9 @@ def test_fp8_base_trains_like_bf16_and_the_file_loads_in_diffusers(tmp_path, fam
     assert any("stored in fp8" in m for m in logs)
     # the CPU casts fp8 slowly: the log says so and what to use instead
     assert any(m.startswith("model.base_precision = 'fp8' on the CPU") for m in logs)
+    # without checkpointing a step keeps every layer's bf16 copy: the log says so
+    assert not cfg.training.gradient_checkpointing
+    assert any("without training.gradient_checkpointing" in m for m in logs)
     assert fp8 != full  # the weights really were rounded to fp8
     print("largest relative difference", max(abs(a - b) / abs(a) for a, b in zip(full, fp8)))
     for a, b in zip(full, fp8):
@@ -165,3 +168,38 @@ def test_fp8_text_encoders_store_t5_in_fp8_and_the_run_trains(tmp_path, monkeypa
     assert seen["t5"]["shared.weight"] != FP8  # the embedding stays
     assert any("T5 text encoder stored in fp8" in e.message for e in sink.events
                if isinstance(e, Log))
+
+
+def _saved_bf16_weight_bytes(checkpointing: bool) -> tuple[int, int]:
+    """(bytes of bf16 weight-shaped tensors autograd saved in a forward through fp8-stored
+    frozen Linears behind an input that needs its gradient, the layers' bf16 size)."""
+    from diffusers.hooks import apply_layerwise_casting
+    from torch.utils.checkpoint import checkpoint
+
+    layers = torch.nn.Sequential(*[torch.nn.Linear(64, 64, bias=False) for _ in range(4)])
+    layers.to(torch.bfloat16).requires_grad_(False)
+    apply_layerwise_casting(layers, FP8, torch.bfloat16)
+    saved: list[torch.Tensor] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.append(t)
+        return t
+
+    x = torch.randn(2, 64, dtype=torch.bfloat16, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = checkpoint(layers, x, use_reentrant=False) if checkpointing else layers(x)
+    y.float().sum().backward()
+    assert x.grad is not None and x.grad.abs().sum() > 0
+    weights = sum(t.numel() * t.element_size() for t in saved
+                  if t.shape == (64, 64) and t.dtype == torch.bfloat16)
+    return weights, 4 * 64 * 64 * 2
+
+
+def test_fp8_storage_keeps_every_compute_copy_without_checkpointing_and_none_with_it():
+    """What trainer/advisor/base_weights.py and the run's warning rest on: layerwise casting
+    computes each fp8 layer from a bf16 copy, which autograd keeps for the backward pass, so
+    without checkpointing a step holds the weights in both precisions."""
+    kept, all_layers = _saved_bf16_weight_bytes(checkpointing=False)
+    assert kept == all_layers
+    kept, _ = _saved_bf16_weight_bytes(checkpointing=True)
+    assert kept == 0

@@ -7,7 +7,8 @@ batch and rank, shipped made for the families' models) and adds up what the run 
 memory at its peak, phase by phase:
 
 - loading (the CPU only: the weights in fp32 plus what is read beside them),
-- caching the latents (the VAE encodes batches of 4),
+- caching the latents (on a GPU the VAE encodes batches of half the memory then free, as the
+  trainer sizes them; on the CPU one image at a time, between the first epoch's steps),
 - a training step: the frozen weights at the compute precision, the trained ones in fp32 (bf16
   with ``full_bf16``), the VAE in fp32 where it stays on the device (no latent cache, or sample
   images), their gradients, the optimizer's state, autocast's low-precision copies of the
@@ -49,7 +50,6 @@ OPS_PER_TENSOR = {"cpu": 12, "gpu": 0}
 # buffers): measured on SD 1.5's UNet (64-256 px, batch 2-8), the RSS grew by 1.5-1.9 x the
 # tensors alive at the step's peak. GPUs' caching allocators are not counted here.
 CPU_HEAP = 0.5
-CACHE_BATCH = 4  # trainer.data.TrainingData.cache_latents' batch
 _DATA_CACHE: dict[str, Any] = {}
 
 
@@ -173,6 +173,47 @@ def _step(cfg: Any, info: Any, configs: Any, bucket: tuple[int, int], gc: bool,
     return step, scale
 
 
+def cache_rows(configs: Any, bucket: tuple[int, int], capacity: Optional[int],
+               held: float) -> int:
+    """The images per VAE encode call of a GPU's latent cache at ``bucket``, as
+    trainer/data/cache_batches.py sizes them: half of what is free beside ``held`` bytes."""
+    from trainer.data.cache_batches import FALLBACK_BUDGET, latent_batches
+
+    budget = int(max(capacity - held, 0) // 2) if capacity else FALLBACK_BUDGET
+    return latent_batches(configs.vae, budget)(bucket)
+
+
+def frozen_lines(cfg: Any, configs: Any, frozen: int, c: int, name: str,
+                 gc: bool) -> list[tuple[str, float]]:
+    """The frozen weights' lines: the UNet apart where a memory option changes its bytes
+    (:mod:`trainer.advisor.base_weights`)."""
+    base, swap = cfg.model.base_precision, cfg.training.blocks_to_swap
+    if (base == "full" and swap is None) or cfg.mode == "dreambooth":
+        return [(f"frozen weights: {frozen / 1e6:.1f} M x {name}", frozen * c)]
+    from trainer.advisor.base_weights import device_bytes, unet_weights
+
+    w = unet_weights(configs)
+    how = (name if base == "full" else f"{base} base") + (
+        f", {swap} blocks swapped" if swap else "")
+    lines: list[tuple[str, float]] = [
+        (f"frozen UNet: {w.total / 1e6:.1f} M ({how})", device_bytes(w, base, swap, c)),
+        (f"frozen text encoders: {(frozen - w.total) / 1e6:.1f} M x {name}",
+         (frozen - w.total) * c)]
+    return lines
+
+
+def copies_lines(cfg: Any, configs: Any, c: int, name: str,
+                 gc: bool) -> list[tuple[str, float]]:
+    """A step's compute copies of the fp8-stored layers (none outside a step)."""
+    if cfg.model.base_precision != "fp8" or cfg.mode == "dreambooth":
+        return []
+    from trainer.advisor.base_weights import compute_copies, unet_weights
+
+    return [(f"{name} copies of the fp8 layers kept for the backward pass ("
+             + ("one block: gradient checkpointing" if gc else "all of them: no gradient "
+                "checkpointing") + ")", compute_copies(unet_weights(configs), "fp8", c, gc))]
+
+
 def memory_estimate(cfg: Any, info: Any, configs: Any, bucket: tuple[int, int],
                     checkpointing: Optional[bool] = None,
                     measured_at: Optional[tuple[tuple[int, int], int]] = None) -> Memory:
@@ -186,7 +227,7 @@ def memory_estimate(cfg: Any, info: Any, configs: Any, bucket: tuple[int, int],
     params, cpu = param_counts(configs), info.backend == "cpu"
     c, t = dtype.itemsize, 2 if tr.full_bf16 else 4
     name = "fp32" if c == 4 else precision
-    weights = [(f"frozen weights: {step.frozen / 1e6:.1f} M x {name}", step.frozen * c),
+    weights = frozen_lines(cfg, configs, step.frozen, c, name, gc) + [
                (f"trained weights: {step.trained / 1e6:.2f} M x {'bf16' if t == 2 else 'fp32'}",
                 step.trained * t)]
     if cpu or not ds.cache_latents or cfg.sampling.sample_prompts:
@@ -205,7 +246,8 @@ def memory_estimate(cfg: Any, info: Any, configs: Any, bucket: tuple[int, int],
         encode = simulate_encode(configs, bucket, batch)
         acts = max(acts, (f"live VAE encode: batch {batch}", encode), key=lambda x: x[1])
     heap = [("the C heap's spare blocks (CPU)", int(CPU_HEAP * acts[1]))] if cpu else []
-    phases = [("training step", runtime + weights + state + [acts] + heap)]
+    copies = copies_lines(cfg, configs, c, name, gc)
+    phases = [("training step", runtime + weights + state + copies + [acts] + heap)]
     if not cpu and cfg.optimizer.optimizer_type in ("AdamW", "Lion", "Prodigy"):
         phases.append(("optimizer step", runtime + weights + state
                        + [("optimizer temporaries", step.trained * 4)]))
@@ -213,9 +255,12 @@ def memory_estimate(cfg: Any, info: Any, configs: Any, bucket: tuple[int, int],
         vae = [] if any(w[0].startswith("VAE") for w in weights) else [
             (f"VAE: {params['vae'] / 1e6:.1f} M x fp32", params["vae"] * 4)]
         # the CPU encodes each image (and its mirror) between the first epoch's steps
-        # (trainer/run/caches.py), the optimizer state beside it; a GPU before the first step
-        rows = (2 if ds.flip_aug else 1) if cpu else CACHE_BATCH
-        phases.append(("caching latents", runtime + weights + vae + (state if cpu else []) + [
+        # (trainer/run/caches.py), the optimizer state beside it; a GPU before the first step,
+        # in batches of half the memory then free (trainer/data/cache_batches.py)
+        held = runtime + weights + vae + (state if cpu else [])
+        rows = (2 if ds.flip_aug else 1) if cpu else cache_rows(
+            configs, bucket, info.memory_bytes, sum(b for _, b in held))
+        phases.append(("caching latents", held + [
             (f"VAE encode: batch {rows}", simulate_encode(configs, bucket, rows))]))
     if cpu:
         total = sum(params.values())

@@ -87,14 +87,16 @@ def flow_memory(config: dict, cfg: Any, size: tuple[int, int], option: FlowOptio
     w = flow_weights(config, cfg)
     state = STATE_BYTES.get(cfg.optimizer.optimizer_type, 8)
     layer_copy = 0
-    if option.base != "full":  # the bf16 copies autograd keeps of one block's cast weights
+    if option.base != "full":  # the bf16 copies of the cast weights: one block's at a time
         layer_copy = 2 * max(w.fp8_units)
+    if option.base == "fp8" and not option.checkpointing:  # autograd keeps every layer's
+        layer_copy = 2 * (sum(w.fp8_units) + w.fp8_other)  # (trainer/advisor/base_weights.py)
     lines = (
         ("runtime (CUDA context)", RUNTIME_GPU),
         (f"transformer weights ({option.base}"
          + (f", {option.swap} blocks swapped" if option.swap else "") + ")",
          weight_bytes(w, option.base, option.swap)),
-        ("compute-precision copies of one block", layer_copy),
+        ("compute-precision copies of the fp8 layers for the backward pass", layer_copy),
         ("LoRA weights and gradients (fp32)", 8 * w.lora),
         (f"optimizer state ({cfg.optimizer.optimizer_type})", int(state * w.lora)),
         ("activations", simulate_flow_step(config, cfg, size, option.batch,

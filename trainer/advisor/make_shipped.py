@@ -87,8 +87,11 @@ def run_task(task: tuple[Any, ...]) -> dict[str, Any]:
     _LOADED["index"] = {}  # nothing shipped while the files are made: simulate everything
     kind, model = task[0], task[1]
     if kind == "unet":
+        from trainer.advisor.base_weights import unet_weights
+
         configs = unet_configs(model)
         footprint.param_counts(configs)
+        unet_weights(configs)
         for batch in (1, 2):
             footprint.encode_law(configs, batch)
     elif kind == "step":
@@ -115,7 +118,8 @@ def run_task(task: tuple[Any, ...]) -> dict[str, Any]:
     return made
 
 
-SHIPPED_KINDS = ("params:", '["step-law"', '["encode-law"', '["flow-law"', '["flow-weights"')
+SHIPPED_KINDS = ("params:", '["step-law"', '["encode-law"', '["flow-law"', '["flow-weights"',
+                 '["unet-base-weights"')
 
 
 def build(models: tuple[str, ...], jobs: int) -> None:
@@ -146,6 +150,23 @@ def build(models: tuple[str, ...], jobs: int) -> None:
     write_embedded()
 
 
+def add_base_weights(models: tuple[str, ...] = UNET_MODELS) -> None:
+    """Counts the UNets' weights for the memory options (trainer/advisor/base_weights.py) into
+    the shipped files as they are, without making the laws again (seconds)."""
+    from dataclasses import asdict
+
+    from trainer.advisor.base_weights import count_unet, weights_key
+
+    for model in models:
+        configs, path = unet_configs(model), FOLDER / file_name(model)
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            data = json.load(f)
+        data["entries"][entry_id(weights_key(configs))] = asdict(count_unet(configs))
+        with gzip.open(path, "wt", encoding="utf-8") as f:
+            json.dump(data, f, sort_keys=True)
+        print(f"{model}: base weights", flush=True)
+
+
 def write_embedded() -> None:
     from trainer.advisor.model_configs import built_configs
 
@@ -163,7 +184,13 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="+", choices=MODELS, help="these models only")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes")
+    parser.add_argument("--base-weights", action="store_true",
+                        help="only count the UNets' weights for the memory options into the "
+                             "shipped files (seconds)")
     args = parser.parse_args(argv)
+    if args.base_weights:
+        add_base_weights(tuple(m for m in args.only or UNET_MODELS if m in UNET_MODELS))
+        return
     build(tuple(args.only or MODELS), args.jobs)
 
 

@@ -2,8 +2,9 @@
 
 The device rules start from kohya_ss's tuning guidance for AMD GPUs, which holds for the others
 too: under 16 GB, gradient checkpointing and fp16/bf16 mixed precision; an RDNA3 Radeon: bf16;
-an Instinct MI300-class or a Hopper GPU: bf16 and, where the trainer supports them, fp8 base
-weights; the CPU: fp32 and a thread count that leaves the machine usable. When the estimate does
+an Instinct MI300-class or a Hopper GPU: bf16; the CPU: fp32, or bf16 base weights where it has
+bf16 units and they measure faster (``auto``), and a thread count that leaves the machine
+usable. fp8 base weights are one of the memory changes on any GPU. When the estimate does
 not fit, the changes are tried one at a time on the estimate, least intrusive first, and the
 first that fits is what to change first; when none fits alone they are combined in that order.
 
@@ -108,14 +109,29 @@ def _half(info: Any) -> str:
     return "bf16" if info.bf16_ok else "fp16"
 
 
+def _cpu_precision(cfg: Any, precision: str) -> list[Recommendation]:
+    """bf16 on the CPU pays only with bf16 units, and then by model and resolution, which
+    ``auto`` measures at the run's start (trainer/run/cpu_precision.py)."""
+    from trainer.system.cpu_bf16 import bf16_units
+
+    units, chosen = bf16_units(), cfg.training.mixed_precision
+    if not units:
+        return [Recommendation("Train in fp32 on the CPU", "this CPU has no bf16 units "
+                               "(amx_bf16, avx512_bf16): bf16 runs through conversions, slower "
+                               "than fp32", {"training.mixed_precision": "no"})] \
+            if precision != "no" else []
+    why = (f"this CPU has {', '.join(units)}: bf16 base weights trained an SD 1.5-size UNet "
+           f"twice as fast as fp32 at 256 px and slower at 64 px; auto measures both on the "
+           f"loaded model at the run's resolution and keeps the faster")
+    return [Recommendation("Let auto choose bf16 or fp32", why,
+                           {"training.mixed_precision": "auto"}, done=chosen == "auto")]
+
+
 def device_rules(cfg: Any, info: Any, precision: str) -> list[Recommendation]:
     """What this device wants, whatever the memory estimate says."""
     tr, out = cfg.training, []
     if info.backend == "cpu":
-        if precision != "no":
-            out.append(Recommendation("Train in fp32 on the CPU", "bf16 autocast on a CPU runs "
-                                      "slower than fp32 (measured 0.55-0.85x)",
-                                      {"training.mixed_precision": "no"}))
+        out += _cpu_precision(cfg, precision)
         threads, cores = cpu_threads(info)
         out.append(Recommendation(f"{threads} of {cores} CPU threads", "training leaves a core "
                                   "free only while other processes keep one busy; set "
@@ -136,11 +152,6 @@ def device_rules(cfg: Any, info: Any, precision: str) -> list[Recommendation]:
                                   "rate and bf16 does not overflow as fp16 can",
                                   {"training.mixed_precision": "bf16"},
                                   done=precision == "bf16"))
-    if is_big_accelerator(info):
-        out.append(Recommendation("fp8 base weights: not available yet", "MI300-class and "
-                                  "Hopper GPUs can keep the frozen base model in fp8 (half the "
-                                  "memory of bf16); this version of the trainer cannot yet",
-                                  done=True))
     return out
 
 
@@ -155,6 +166,16 @@ def _bnb(cfg: Any, info: Any, precision: str) -> Optional[dict[str, Any]]:
              "SGDNesterov": "SGDNesterov8bit"}.get(cfg.optimizer.optimizer_type)
     return {"optimizer.optimizer_type": eight} if eight and info.backend in BNB_BACKENDS \
         else None
+
+
+def _fp8_base(cfg: Any, info: Any, precision: str) -> Optional[dict[str, Any]]:
+    """fp8 storage where it runs well: an adapter on a GPU (the CPU casts fp8 slowly, MPS has
+    no fp8). It saves memory in a step only with gradient checkpointing (without it autograd
+    keeps every layer's compute copy: trainer/advisor/base_weights.py), which comes first."""
+    if cfg.mode == "dreambooth" or cfg.model.base_precision != "full" \
+            or info.backend not in ("cuda", "rocm", "xpu"):
+        return None
+    return {"model.base_precision": "fp8"}
 
 
 def _halve_batch(cfg: Any, info: Any, precision: str) -> Optional[dict[str, Any]]:
@@ -184,6 +205,8 @@ MEMORY_CHANGES: tuple[Change, ...] = (
      "step", lambda c, i, p: None if c.dataset.cache_latents or c.dataset.random_crop
      or c.dataset.color_aug else {"dataset.cache_latents": True}),
     ("Use an 8-bit optimizer", "bitsandbytes keeps the optimizer state in 8 bits", _bnb),
+    ("Store the base weights in fp8", "the frozen UNet's Linear and Conv weights in 1 byte, "
+     "each layer computed at the training precision (model.base_precision)", _fp8_base),
     ("Keep the trained weights in bf16", "full_bf16: trained weights, gradients and "
      "optimizer state in bf16", lambda c, i, p: {"training.full_bf16": True}
      if p == "bf16" and not c.training.full_bf16 and c.mode == "dreambooth" else None),

@@ -29,7 +29,7 @@ from .masks import MaskSource, render_mask
 CACHE_FORMAT = "1"
 Encode = Callable[[torch.Tensor], torch.Tensor]
 # images per encode call, or a function of the bucket giving the rows per call (sized to memory
-# by trainer/run/cache_batches.py); with flip_aug an image and its mirror share a call
+# by trainer/data/cache_batches.py); with flip_aug an image and its mirror share a call
 BatchSize = Union[int, Callable[[Size], int]]
 
 

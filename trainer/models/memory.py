@@ -201,6 +201,11 @@ class MemoryPlan:
                 "fp8 at every step, which the CPU does slowly (an SD 1.5-size UNet at 256 px: "
                 "21 s/step against 1.3 in bf16, bench/memory_options.py); 'full' with "
                 "training.mixed_precision = 'bf16' halves the memory at full speed", "warning")
+        if self.base == "fp8" and not self.cfg.training.gradient_checkpointing:
+            log("model.base_precision = 'fp8' without training.gradient_checkpointing: autograd "
+                "keeps each layer's compute-precision copy for the backward pass, so a step "
+                "holds the weights in both precisions, more than without fp8; turn gradient "
+                "checkpointing on", "warning")
         for module in self.held:
             if self.dtype != torch.float32:
                 module.to(self.dtype)

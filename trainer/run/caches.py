@@ -1,7 +1,7 @@
 """The latent and text-encoder caches of a run, filled before the first step or as it goes.
 
 On a GPU every image and caption is encoded before the first step, in batches sized to memory
-(trainer/run/cache_batches.py), so that the VAE and the frozen text encoders can leave the
+(trainer/data/cache_batches.py), so that the VAE and the frozen text encoders can leave the
 device for the whole of training (T5-XXL alone is 9.5 GB in bf16). On the CPU nothing leaves:
 the encoders stay in the same RAM either way, so encoding everything first only delays the
 first step (issue 20: 16 images and captions of an SD 1.5-size run cost 2.4 s of a 7.6 s
@@ -30,7 +30,7 @@ def lazy(s: Any) -> bool:
 
 def fill_caches(s: Any, out: Any) -> None:
     """Fill (or, on the CPU, set up) the caches the config asks for."""
-    from trainer.run import cache_batches
+    from trainer.data import cache_batches
 
     ds, model, later = s.cfg.dataset, s.model, lazy(s)
     if ds.cache_latents:
