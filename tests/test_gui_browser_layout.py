@@ -51,6 +51,11 @@ def laptop(browser, app_url):  # noqa: F811
     context.close()
 
 
+IN_VIEW = """(selector) => { const r = document.querySelector(selector).getBoundingClientRect();
+  return r.width > 0 && r.left >= 0 && r.top >= 0 && r.right <= window.innerWidth
+    && r.bottom <= window.innerHeight; }"""
+
+
 def in_view(page: Page, selector: str, viewport: dict = LAPTOP) -> bool:
     box = page.locator(selector).bounding_box()
     return (box is not None and box["x"] >= 0 and box["y"] >= 0
@@ -83,12 +88,14 @@ def test_train_labels_search_and_advice_without_scrolling(laptop):
     search.press_sequentially("snr", delay=30)
     page.wait_for_selector("#lora-training-min_snr_gamma", state="visible")  # in "Advanced"
     page.wait_for_selector("#lora-network-network_dim", state="hidden")
-    # the matches come first in view: "snr" finds five settings now (v_pred_like_loss's help
-    # names the SNR too), and the first of them sits right under the search box
-    assert in_view(page, "#lora-training-v_pred_like_loss")
     # no empty space where the hidden rows were: each row of matches right under the last
     # (waited for: the page lays the rows out again after the search's update)
     page.wait_for_function(ROWS_CLOSE)
+    # the matches come first in view: "snr" finds five settings now (v_pred_like_loss's help
+    # names the SNR too), and the first of them sits right under the search box (waited for
+    # too: on a loaded machine the layout settled after the check once)
+    page.wait_for_function(IN_VIEW, arg="#lora-training-v_pred_like_loss", timeout=10_000)
+    assert in_view(page, "#lora-training-v_pred_like_loss")
     search.press("Control+a")
     search.press("Backspace")
     page.wait_for_selector("#lora-network-network_dim", state="visible")
