@@ -2,6 +2,7 @@
 peak memory.
 
     python bench/single_file.py [--steps 6] [--keep DIR]
+    python bench/single_file.py --keep DIR --build-only sdxl   # the file only, for single_file_load
 
 Builds the model from the studio's own SD 1.x configs (trainer/assets/families/sd1) with random
 weights and writes it as an fp16 original-layout .safetensors file, the form users have (about
@@ -26,26 +27,35 @@ from pathlib import Path
 
 from childproc import ROOT, StepTimes, peak_rss_mib, run_child
 
+FILE_NAMES = {"sd1": "sd15-random.safetensors", "sdxl": "sdxl-random.safetensors"}
 
-def _build(folder: str) -> dict:
-    """Runs in a child: the random SD 1.5-size model as a single file, and a tokenizer."""
+
+def _build(folder: str, family: str = "sd1") -> dict:
+    """Runs in a child: the random SD 1.5-size (or SDXL-size) model as a single file, and a
+    tokenizer. SDXL-size modules are built in fp16 so that the build fits in 24 GB."""
     sys.path.insert(0, str(ROOT))
     import torch
     from diffusers import AutoencoderKL, UNet2DConditionModel
-    from transformers import CLIPTextConfig, CLIPTextModel
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
     from trainer.export.checkpoint import save_checkpoint
     from trainer.models.tiny import write_tokenizer_files
 
-    configs = ROOT / "trainer" / "assets" / "families" / "sd1"
+    configs = ROOT / "trainer" / "assets" / "families" / family
     torch.manual_seed(0)
+    if family == "sdxl":
+        torch.set_default_dtype(torch.float16)
     unet = UNet2DConditionModel.from_config(UNet2DConditionModel.load_config(configs / "unet"))
     vae = AutoencoderKL.from_config(AutoencoderKL.load_config(configs / "vae"))
     te = CLIPTextModel(CLIPTextConfig.from_pretrained(configs / "text_encoder"))
-    path = Path(folder) / "sd15-random.safetensors"
-    save_checkpoint(path, unet, vae, te, family="sd1", dtype=torch.float16)
+    extra = {}
+    if family == "sdxl":
+        extra["text_encoder_2"] = CLIPTextModelWithProjection(
+            CLIPTextConfig.from_pretrained(configs / "text_encoder_2"))
+    path = Path(folder) / FILE_NAMES[family]
+    save_checkpoint(path, unet, vae, te, family=family, dtype=torch.float16, **extra)
     write_tokenizer_files(Path(folder) / "tokenizer")
-    params = sum(p.numel() for m in (unet, vae, te) for p in m.parameters())
+    params = sum(p.numel() for m in (unet, vae, te, *extra.values()) for p in m.parameters())
     return {"path": str(path), "bytes": path.stat().st_size, "params": params}
 
 
@@ -79,6 +89,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--keep", help="a folder for the model (reused when it is there)")
     parser.add_argument("--child")
+    parser.add_argument("--build-only", choices=sorted(FILE_NAMES),
+                        help="only write that family's file into --keep (for "
+                             "bench/single_file_load.py); sdxl is 6.9 GB")
     args = parser.parse_args()
     if args.child:
         name, *rest = json.loads(args.child)
@@ -87,6 +100,11 @@ def main() -> None:
     os.environ["KOHYA_STUDIO_HOME"] = tempfile.mkdtemp(prefix="bench-home-")
     folder = Path(args.keep or tempfile.mkdtemp(prefix="bench-sd15-"))
     folder.mkdir(parents=True, exist_ok=True)
+    if args.build_only:
+        built = _child("build", [str(folder), args.build_only])
+        print(f"built {built['path']}: {built['bytes'] / 2**30:.2f} GiB fp16, "
+              f"{built['params'] / 1e9:.3f} G parameters")
+        return
     model = folder / "sd15-random.safetensors"
     if not model.is_file():
         built = _child("build", [str(folder)])
