@@ -91,20 +91,19 @@ def _sdxl_lora(tmp_path, base: str = "full", **training):
                   "train_batch_size": 1, **training})
 
 
-def test_an_sdxl_lora_on_a_12_gb_card_caches_one_image_at_a_time_and_fits(tmp_path):
-    """The latent cache encodes in batches of half the free memory (trainer/data/
-    cache_batches.py): one 1024 px image on 12 GB beside the UNet, more on 80 GB. A fixed
-    batch of 4 said 17 GiB and that nothing would fit."""
+def test_an_sdxl_lora_at_1024_px_fits_8_gb_and_its_cache_batches_follow_the_memory(tmp_path):
+    """The latent cache encodes before the UNet is on the device (trainer/run/session.py), in
+    batches of half the free memory (trainer/data/cache_batches.py); the text encoders leave the
+    device once their outputs are cached. sd-scripts' SDXL docs: a LoRA trains on 8 GB. Before,
+    a fixed batch of 4 beside the whole model said 17 GiB on 12 GB and that nothing would fit."""
     cfg = _sdxl_lora(tmp_path)
-    small = advisor.advise(cfg, gpu("NVIDIA GeForce RTX 4070", 12 * GIB))
-    assert small.memory.fits, small.memory.lines
-    caching = advisor.memory_estimate(cfg, gpu("NVIDIA GeForce RTX 4070", 12 * GIB),
-                                      read_sdxl(), (1024, 1024))
-    big = advisor.advise(cfg, gpu("NVIDIA A100 80GB", 80 * GIB))
-    assert big.memory.peak >= caching.peak
-    rows = [w for w, _ in small.memory.lines + caching.lines if w.startswith("VAE encode")]
-    assert all(w == "VAE encode: batch 1" for w in rows)
-    assert advisor.cache_rows(read_sdxl(), (1024, 1024), 80 * GIB, 8 * GIB) > 4
+    small = advisor.advise(cfg, gpu("NVIDIA GeForce RTX 3070", 8 * GIB))
+    assert small.memory.fits and small.memory.phase == "training step", small.memory.lines
+    assert not any(w.startswith("frozen text encoders") for w, _ in small.memory.lines)
+    configs = read_sdxl()
+    assert advisor.cache_rows(configs, (1024, 1024), 8 * GIB, 2 * GIB) == 1
+    assert advisor.cache_rows(configs, (1024, 1024), 80 * GIB, 2 * GIB) > 4
+    assert advisor.cache_rows(configs, (512, 512), 8 * GIB, 2 * GIB) > 1
 
 
 def read_sdxl():
@@ -116,13 +115,14 @@ def read_sdxl():
 
 def test_fp8_base_is_what_to_change_first_when_an_sdxl_lora_misses_by_a_little(tmp_path):
     cfg = _sdxl_lora(tmp_path)
-    card = gpu("NVIDIA GeForce RTX 3080", 10 * GIB)
+    card = gpu("NVIDIA GeForce RTX 2060", 6 * GIB)
     advice = advisor.advise(cfg, card)
     assert not advice.memory.fits
     first = advice.recommendations[0]
     assert first.changes == {"model.base_precision": "fp8"}, advice.recommendations
     fp8 = advisor.advise(_sdxl_lora(tmp_path, "fp8"), card)
-    assert fp8.memory.fits and fp8.memory.peak < advice.memory.peak - 2 * GB
+    # 2.6 GB less UNet, 0.7 GB of bf16 copies of one block for the backward pass
+    assert fp8.memory.fits and fp8.memory.peak < advice.memory.peak - 1.5 * GB
     lines = dict(fp8.memory.lines)
     assert any(w.startswith("frozen UNet") and "fp8 base" in w for w in lines)
     # the CPU casts fp8 slowly: never proposed there

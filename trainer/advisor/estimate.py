@@ -7,9 +7,11 @@ batch and rank, shipped made for the families' models) and adds up what the run 
 memory at its peak, phase by phase:
 
 - loading (the CPU only: the weights in fp32 plus what is read beside them),
-- caching the latents (on a GPU the VAE encodes batches of half the memory then free, as the
-  trainer sizes them; on the CPU one image at a time, between the first epoch's steps),
-- a training step: the frozen weights at the compute precision, the trained ones in fp32 (bf16
+- caching the latents (on a GPU before the rest of the model is on the device, in batches of
+  half the memory then free, as the trainer sizes them; on the CPU one image at a time, between
+  the first epoch's steps),
+- a training step: the frozen weights at the compute precision (a GPU's text encoders not, once
+  their outputs are cached: the run moves them off the device), the trained ones in fp32 (bf16
   with ``full_bf16``), the VAE in fp32 where it stays on the device (no latent cache, or sample
   images), their gradients, the optimizer's state, autocast's low-precision copies of the
   trained weights, and the step's activations for the batch at the largest bucket (or a live
@@ -183,23 +185,35 @@ def cache_rows(configs: Any, bucket: tuple[int, int], capacity: Optional[int],
     return latent_batches(configs.vae, budget)(bucket)
 
 
-def frozen_lines(cfg: Any, configs: Any, frozen: int, c: int, name: str,
-                 gc: bool) -> list[tuple[str, float]]:
-    """The frozen weights' lines: the UNet apart where a memory option changes its bytes
-    (:mod:`trainer.advisor.base_weights`)."""
-    base, swap = cfg.model.base_precision, cfg.training.blocks_to_swap
+def frozen_lines(cfg: Any, configs: Any, frozen: int, unet: int, c: int, name: str,
+                 text_on_device: bool = True) -> list[tuple[str, float]]:
+    """The frozen weights' lines: ``frozen`` parameters, ``unet`` of them the UNet's (0 for
+    DreamBooth), the rest the text encoders' (left out where they are off the device); the
+    UNet apart where a memory option changes its bytes (:mod:`trainer.advisor.base_weights`)."""
+    base, swap, text = cfg.model.base_precision, cfg.training.blocks_to_swap, frozen - unet
     if (base == "full" and swap is None) or cfg.mode == "dreambooth":
-        return [(f"frozen weights: {frozen / 1e6:.1f} M x {name}", frozen * c)]
+        if text_on_device or not text:
+            return [(f"frozen weights: {frozen / 1e6:.1f} M x {name}", frozen * c)]
+        return [(f"frozen UNet: {unet / 1e6:.1f} M x {name}", unet * c)] if unet else []
     from trainer.advisor.base_weights import device_bytes, unet_weights
 
     w = unet_weights(configs)
     how = (name if base == "full" else f"{base} base") + (
         f", {swap} blocks swapped" if swap else "")
     lines: list[tuple[str, float]] = [
-        (f"frozen UNet: {w.total / 1e6:.1f} M ({how})", device_bytes(w, base, swap, c)),
-        (f"frozen text encoders: {(frozen - w.total) / 1e6:.1f} M x {name}",
-         (frozen - w.total) * c)]
+        (f"frozen UNet: {w.total / 1e6:.1f} M ({how})", device_bytes(w, base, swap, c))]
+    if text_on_device and text:
+        lines.append((f"frozen text encoders: {text / 1e6:.1f} M x {name}", text * c))
     return lines
+
+
+def text_encoders_leave(cfg: Any, info: Any) -> bool:
+    """Whether a GPU run moves its frozen text encoders off the device once their outputs are
+    cached (trainer/run/caches.py), before the first step."""
+    from trainer.data.text_cache import text_cache_allowed
+
+    return (info.backend != "cpu" and cfg.dataset.cache_text_encoder_outputs is not False
+            and text_cache_allowed(cfg)[0])
 
 
 def copies_lines(cfg: Any, configs: Any, c: int, name: str,
@@ -227,11 +241,15 @@ def memory_estimate(cfg: Any, info: Any, configs: Any, bucket: tuple[int, int],
     params, cpu = param_counts(configs), info.backend == "cpu"
     c, t = dtype.itemsize, 2 if tr.full_bf16 else 4
     name = "fp32" if c == 4 else precision
-    weights = frozen_lines(cfg, configs, step.frozen, c, name, gc) + [
-               (f"trained weights: {step.trained / 1e6:.2f} M x {'bf16' if t == 2 else 'fp32'}",
-                step.trained * t)]
+    unet = params["unet"] if cfg.mode != "dreambooth" else 0
+    others = [(f"trained weights: {step.trained / 1e6:.2f} M x {'bf16' if t == 2 else 'fp32'}",
+               step.trained * t)]
     if cpu or not ds.cache_latents or cfg.sampling.sample_prompts:
-        weights.append((f"VAE: {params['vae'] / 1e6:.1f} M x fp32", params["vae"] * 4))
+        others.append((f"VAE: {params['vae'] / 1e6:.1f} M x fp32", params["vae"] * 4))
+    weights = frozen_lines(cfg, configs, step.frozen, unet, c, name) + others
+    stepping = weights  # a GPU's steps, the text encoders off the device once cached
+    if step.frozen > unet and text_encoders_leave(cfg, info):
+        stepping = frozen_lines(cfg, configs, step.frozen, unet, c, name, False) + others
     runtime = [("runtime: " + ("Python and the libraries" if cpu else "driver context"),
                 RUNTIME.get(info.backend, RUNTIME["cuda"]))]
     state = [(f"optimizer state ({cfg.optimizer.optimizer_type})",
@@ -247,17 +265,19 @@ def memory_estimate(cfg: Any, info: Any, configs: Any, bucket: tuple[int, int],
         acts = max(acts, (f"live VAE encode: batch {batch}", encode), key=lambda x: x[1])
     heap = [("the C heap's spare blocks (CPU)", int(CPU_HEAP * acts[1]))] if cpu else []
     copies = copies_lines(cfg, configs, c, name, gc)
-    phases = [("training step", runtime + weights + state + copies + [acts] + heap)]
+    phases = [("training step", runtime + stepping + state + copies + [acts] + heap)]
     if not cpu and cfg.optimizer.optimizer_type in ("AdamW", "Lion", "Prodigy"):
-        phases.append(("optimizer step", runtime + weights + state
+        phases.append(("optimizer step", runtime + stepping + state
                        + [("optimizer temporaries", step.trained * 4)]))
     if ds.cache_latents:
         vae = [] if any(w[0].startswith("VAE") for w in weights) else [
             (f"VAE: {params['vae'] / 1e6:.1f} M x fp32", params["vae"] * 4)]
         # the CPU encodes each image (and its mirror) between the first epoch's steps
         # (trainer/run/caches.py), the optimizer state beside it; a GPU before the first step,
-        # in batches of half the memory then free (trainer/data/cache_batches.py)
-        held = runtime + weights + vae + (state if cpu else [])
+        # the VAE alone on the device, in batches of half the memory then free
+        # (trainer/data/cache_batches.py)
+        held = runtime + weights + vae + state if cpu else runtime + [
+            (f"VAE: {params['vae'] / 1e6:.1f} M x fp32", params["vae"] * 4)]
         rows = (2 if ds.flip_aug else 1) if cpu else cache_rows(
             configs, bucket, info.memory_bytes, sum(b for _, b in held))
         phases.append(("caching latents", held + [

@@ -21,7 +21,7 @@ from trainer.config import TrainConfig
 from trainer.config.plan import StepPlan, plan_steps
 from trainer.events import Event
 from trainer.run import fsdp, full_fp16, fused_steps
-from trainer.run.caches import fill_caches
+from trainer.run.caches import fill_latent_cache, fill_text_cache
 from trainer.run.cpu_precision import choose_cpu_precision, cpu_bf16_norms
 from trainer.run.ema import NoEma, make_ema
 from trainer.run.state import Progress
@@ -117,9 +117,11 @@ def prepare(s: Session, out: Reporter) -> None:
     if s.accelerator.num_processes > 1:
         s.shard = (s.accelerator.process_index, s.accelerator.num_processes)
     with library_imports():
+        s.model.vae.to(s.accelerator.device).eval()  # fp32: SD's VAE overflows in fp16
+        fill_latent_cache(s, out)  # before the denoiser takes the device (trainer/run/caches.py)
         groups = _place_and_inject(s, out)
     _compile(s, out)
-    fill_caches(s, out)  # trainer/run/caches.py
+    fill_text_cache(s, out)
     out.check_stop()
     tr = s.cfg.training
     processes = s.accelerator.num_processes  # a step trains the global batch
@@ -224,7 +226,6 @@ def _place_and_inject(s: Session, out: Reporter) -> list[dict[str, Any]]:
     from diffusers.training_utils import cast_training_params
 
     model, device, tr = s.model, s.accelerator.device, s.cfg.training
-    model.vae.to(device).eval()  # the VAE stays fp32: SD's VAE overflows in fp16
     memory = _memory_plan(s, out)  # issue 19: fp8 / NF4 base, block swap
     place = fsdp.placement(s.cfg, device)  # FSDP: the CPU, sharding moves them block by block
     whole = s.method.whole_modules(model)  # trained whole: fp32 weights, as loaded
