@@ -244,8 +244,9 @@ def memory_estimate(cfg: Any, info: Any, configs: Any, bucket: tuple[int, int],
     unet = params["unet"] if cfg.mode != "dreambooth" else 0
     others = [(f"trained weights: {step.trained / 1e6:.2f} M x {'bf16' if t == 2 else 'fp32'}",
                step.trained * t)]
+    vae = (f"VAE: {params['vae'] / 1e6:.1f} M x fp32", params["vae"] * 4)
     if cpu or not ds.cache_latents or cfg.sampling.sample_prompts:
-        others.append((f"VAE: {params['vae'] / 1e6:.1f} M x fp32", params["vae"] * 4))
+        others.append(vae)
     weights = frozen_lines(cfg, configs, step.frozen, unet, c, name) + others
     stepping = weights  # a GPU's steps, the text encoders off the device once cached
     if step.frozen > unet and text_encoders_leave(cfg, info):
@@ -270,14 +271,11 @@ def memory_estimate(cfg: Any, info: Any, configs: Any, bucket: tuple[int, int],
         phases.append(("optimizer step", runtime + stepping + state
                        + [("optimizer temporaries", step.trained * 4)]))
     if ds.cache_latents:
-        vae = [] if any(w[0].startswith("VAE") for w in weights) else [
-            (f"VAE: {params['vae'] / 1e6:.1f} M x fp32", params["vae"] * 4)]
         # the CPU encodes each image (and its mirror) between the first epoch's steps
         # (trainer/run/caches.py), the optimizer state beside it; a GPU before the first step,
         # the VAE alone on the device, in batches of half the memory then free
         # (trainer/data/cache_batches.py)
-        held = runtime + weights + vae + state if cpu else runtime + [
-            (f"VAE: {params['vae'] / 1e6:.1f} M x fp32", params["vae"] * 4)]
+        held = runtime + weights + state if cpu else runtime + [vae]
         rows = (2 if ds.flip_aug else 1) if cpu else cache_rows(
             configs, bucket, info.memory_bytes, sum(b for _, b in held))
         phases.append(("caching latents", held + [
