@@ -14,6 +14,7 @@ import pytest
 import torch
 from gui_helpers import CHROMIUM, CHROMIUM_ARGS, gui_home, launched, wait_for  # noqa: F401
 from PIL import Image
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from playwright.sync_api import sync_playwright
 from safetensors.torch import save_file
 
@@ -168,9 +169,17 @@ def test_caption_editor_shows_names_and_captions_as_text(page, app):
     page.get_by_role("tab", name="Utilities", exact=True).click()
     page.get_by_text("Caption editor", exact=True).click()
     field(page, "editor-folder").fill(str(folder))
+    # the folder reaches the app before Load is pressed (a CI run once timed out here with
+    # nothing to show why: the message below says what the page had instead)
+    page.wait_for_function("(want) => document.querySelector('#editor-folder input, "
+                           "#editor-folder textarea').value === want", arg=str(folder))
     page.click("#editor-load")
-    page.wait_for_function(
-        "() => document.querySelector('#editor-message')?.innerText.includes('1 images')")
+    try:
+        page.wait_for_function(
+            "() => document.querySelector('#editor-message')?.innerText.includes('1 images')")
+    except PlaywrightTimeout:
+        raise AssertionError("no '1 images' after Load; the message: "
+                             + repr(page.inner_text("#editor-message"))) from None
     table = page.inner_text("#editor-table")
     assert "onerror=alert(4)" in table and "onerror=alert(1)" in table
     no_injection(page)
