@@ -173,12 +173,11 @@ def test_fp8_text_encoders_store_t5_in_fp8_and_the_run_trains(tmp_path, monkeypa
 def _saved_bf16_weight_bytes(checkpointing: bool) -> tuple[int, int]:
     """(bytes of bf16 weight-shaped tensors autograd saved in a forward through fp8-stored
     frozen Linears behind an input that needs its gradient, the layers' bf16 size)."""
-    from diffusers.hooks import apply_layerwise_casting
     from torch.utils.checkpoint import checkpoint
 
     layers = torch.nn.Sequential(*[torch.nn.Linear(64, 64, bias=False) for _ in range(4)])
     layers.to(torch.bfloat16).requires_grad_(False)
-    apply_layerwise_casting(layers, FP8, torch.bfloat16)
+    store_fp8(layers, torch.bfloat16)
     saved: list[torch.Tensor] = []
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -196,7 +195,7 @@ def _saved_bf16_weight_bytes(checkpointing: bool) -> tuple[int, int]:
 
 
 def test_fp8_storage_keeps_every_compute_copy_without_checkpointing_and_none_with_it():
-    """What trainer/advisor/base_weights.py and the run's warning rest on: layerwise casting
+    """What trainer/advisor/base_weights.py and the run's warning rest on: fp8 storage
     computes each fp8 layer from a bf16 copy, which autograd keeps for the backward pass, so
     without checkpointing a step holds the weights in both precisions."""
     kept, all_layers = _saved_bf16_weight_bytes(checkpointing=False)

@@ -7,7 +7,8 @@ fifth of a step (tiny model, CPU, measured with bench/lora_overhead.py). :func:`
 gives each plain LoRA layer a forward that computes the same operations, in the same order, as
 peft's (``base(x) + B(A(x)) * scale``, without the product when the scale is 1, so results
 are bit-identical), and falls back to peft's own forward whenever the layer is in any other
-state (adapters disabled or merged, extra arguments). The modules, parameter names and saved
+state (adapters disabled or merged, extra arguments). A base layer with forward hooks (fp8
+storage, trainer/models/memory.py) is called as a module, so that its hooks run. The modules, parameter names and saved
 files are peft's, unchanged.
 """
 
@@ -34,7 +35,8 @@ def _forward(self: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Ten
             or self.active_adapters != self._lean_adapter:
         return self._peft_forward(x, *args, **kwargs)
     base = self.base_layer
-    if type(base) is nn.Linear:
+    # a hooked base layer (fp8 storage computes from a copy in its hooks) is called as a module
+    if type(base) is nn.Linear and not base._forward_pre_hooks:
         result = F.linear(x, base.weight, base.bias)
     else:
         result = base(x)

@@ -12,14 +12,18 @@ The run calls this module twice around the method's ``prepare`` (trainer/run/ses
   the device, but for the blocks that ``training.blocks_to_swap`` keeps in host memory
   (:mod:`trainer.models.block_swap`).
 
-Why diffusers' layerwise casting for fp8 (``apply_layerwise_casting``, the hook behind
-``ModelMixin.enable_layerwise_casting``) and not torchao: it is in the installed diffusers and
-runs on every backend, the CPU included (torchao is not installed, and its float8 training
-needs fp8 matmul units: Ada/Hopper GPUs); it leaves peft's adapter layers and the model's
-fp32 modules alone, and we keep the embedders out too (:data:`SKIP_PATTERNS`). Each layer's
-weights are cast
-to the compute dtype just before its forward and back after, so at most one layer is held at
-full precision at a time, plus what autograd saves for the backward pass; with gradient
+Why fp8 storage is our own small hook and not diffusers' layerwise casting
+(``apply_layerwise_casting``): that hook casts a layer's parameters to the compute dtype in
+place before its forward and back to fp8 after it, so a tensor that autograd saved for the
+backward pass *is* the parameter, which is fp8 again by then. A convolution saves its weight
+that way on every backend, so its backward met an fp8 weight wherever autocast had not made a
+copy first (fp32 compute; bf16 autocast on a CPU without bf16 units, or on any GPU whose conv
+takes the already-bf16 weight as it is). Here the stored parameters never change: each forward
+computes from a fresh compute-dtype copy (:class:`ComputeCopies`), which is what autograd
+saves, on every kernel. torchao is not used: it is not installed, and its float8 training
+needs fp8 matmul units (Ada/Hopper GPUs). Peft's adapter layers, the model's fp32 modules and
+the embedders keep their dtype (:data:`SKIP_PATTERNS`). At most one layer is held at full
+precision at a time, plus what autograd saves for the backward pass; with gradient
 checkpointing that is one block's worth.
 
 A checkpoint shipped in fp8 loads exactly: every float8_e4m3fn value is a bf16 (and fp32)
@@ -124,18 +128,59 @@ def _skipped(name: str, patterns: tuple[str, ...]) -> bool:
     return any(re.search(p, name) for p in patterns)
 
 
-def store_fp8(module: torch.nn.Module, compute_dtype: torch.dtype,
-              skip: tuple[str, ...] = SKIP_PATTERNS) -> None:
-    """Frozen Linear / Conv weights of ``module`` stored in fp8, computed in ``compute_dtype``
-    (diffusers' layerwise casting); the skipped patterns, the model's own list and peft's
-    adapters stay as they are."""
-    from diffusers.hooks import apply_layerwise_casting
+# The layer types whose weights fp8 storage holds (diffusers' layerwise casting's list).
+CAST_LAYERS = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d,
+               torch.nn.ConvTranspose1d, torch.nn.ConvTranspose2d, torch.nn.ConvTranspose3d,
+               torch.nn.Embedding)
 
+
+class ComputeCopies:
+    """Forward hooks that let a layer whose parameters are stored in fp8 compute from copies
+    in ``dtype``: the copies stand in the layer's parameter slots for the length of one forward
+    (so autograd saves them, never the fp8 parameter) and the stored parameters go back after
+    it, also when the forward raises."""
+
+    def __init__(self, dtype: torch.dtype):
+        self.dtype = dtype
+        self.stored: dict[str, torch.nn.Parameter] = {}
+
+    def before(self, module: torch.nn.Module, args: Any) -> None:
+        self.stored = {n: p for n, p in module._parameters.items()
+                       if p is not None and p.dtype == FP8}
+        for name, param in self.stored.items():
+            module._parameters[name] = param.to(self.dtype)  # type: ignore[assignment]
+
+    def after(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        module._parameters.update(self.stored)
+        self.stored = {}
+
+
+def store_fp8(module: torch.nn.Module, compute_dtype: torch.dtype,
+              skip: tuple[str, ...] = SKIP_PATTERNS) -> int:
+    """Frozen Linear / Conv weights of ``module`` stored in fp8 and computed from a copy in
+    ``compute_dtype`` at each forward (:class:`ComputeCopies`); the skipped patterns, the
+    model's own fp32 list, peft's adapters and every layer that trains stay as they are.
+    Returns how many layers it stores."""
     patterns = skip + tuple(getattr(module, "_keep_in_fp32_modules", None) or ()) \
         + _peft_patterns()
-    trained = tuple(re.escape(n) + "$" for n, m in module.named_modules()
-                    if any(p.requires_grad for p in m.parameters(recurse=False)))
-    apply_layerwise_casting(module, FP8, compute_dtype, patterns + trained)
+    count = 0
+    for name, layer in module.named_modules():
+        if (not isinstance(layer, CAST_LAYERS) or _skipped(name, patterns)
+                or any(_skipped(n, patterns) for n in _ancestors(name))
+                or any(p.requires_grad for p in layer.parameters())):
+            continue
+        layer.to(FP8)
+        copies = ComputeCopies(compute_dtype)
+        layer.register_forward_pre_hook(copies.before)
+        layer.register_forward_hook(copies.after, always_call=True)
+        count += 1
+    return count
+
+
+def _ancestors(name: str) -> list[str]:
+    """``a.b.c`` -> ``a``, ``a.b``: a skipped module skips what it holds."""
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
 
 
 def quantize_linears(module: torch.nn.Module, kind: str, compute_dtype: torch.dtype,
