@@ -26,53 +26,37 @@ EXAMPLE_PATH = PROJECT_ROOT / "config_example.toml"
 
 
 class ConsoleSink:
-    """Prints the trainer's events: log lines, a tqdm bar over each stage of preparation (e.g.
-    generating class images) and one over the steps."""
+    """Prints the trainer's events: log lines, the progress of each stage of preparation (e.g.
+    generating class images) and of the steps; a bar on a terminal, whole lines elsewhere
+    (trainer/system/console.py)."""
 
-    def __init__(self) -> None:
-        self.bar = None
-        self.stage: Optional[str] = None  # the preparation the bar follows, None for steps
+    def __init__(self, terminal: Optional[bool] = None) -> None:
+        from trainer.system.console import ConsoleProgress
+
+        self.progress = ConsoleProgress(terminal)
+        self.stage: Optional[str] = None  # the preparation followed, None for the steps
 
     def emit(self, event) -> None:
-        from tqdm import tqdm
-
         from trainer import events as ev
 
         if isinstance(event, ev.Progress):
-            self._progress(event)
+            if self.stage != event.stage or not self.progress.active:
+                self.progress.start(event.total, event.stage)
+                self.stage = event.stage
+            self.progress.update(event.done)
         elif isinstance(event, ev.Started):
-            self._close()
-            self.bar = tqdm(total=event.total_steps, unit="step", dynamic_ncols=True)
-        elif isinstance(event, ev.Step) and self.bar is not None and self.stage is None:
-            self.bar.update(event.step - self.bar.n)
-            self.bar.set_postfix(epoch=event.epoch, loss=f"{event.loss_avg:.4f}",
+            self.progress.start(event.total_steps, unit="step")
+            self.stage = None
+        elif isinstance(event, ev.Step) and self.progress.active and self.stage is None:
+            self.progress.update(event.step, epoch=event.epoch, loss=f"{event.loss_avg:.4f}",
                                  lr=f"{event.lr:.2e}")
         elif isinstance(event, ev.Log):
-            self._write(("WARNING: " if event.level == "warning" else "") + event.message)
+            self.progress.write(("WARNING: " if event.level == "warning" else "")
+                                + event.message)
         elif isinstance(event, ev.Finished):
-            self._close()
-            self._write(f"{event.status} at step {event.step}"
-                        + (f": {event.output_path}" if event.output_path else ""))
-
-    def _progress(self, event) -> None:
-        from tqdm import tqdm
-
-        if self.stage != event.stage or self.bar is None:
-            self._close()
-            self.bar = tqdm(total=event.total, desc=event.stage, dynamic_ncols=True)
-            self.stage = event.stage
-        self.bar.update(event.done - self.bar.n)
-
-    def _close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-        self.bar, self.stage = None, None
-
-    def _write(self, line: str) -> None:
-        if self.bar is not None:
-            self.bar.write(line)
-        else:
-            print(line, flush=True)
+            self.progress.close()
+            self.progress.write(f"{event.status} at step {event.step}"
+                                + (f": {event.output_path}" if event.output_path else ""))
 
 
 def _train(args: argparse.Namespace) -> int:

@@ -51,26 +51,23 @@ def _load(ref: str) -> Callable[..., Any]:
     return getattr(importlib.import_module(module), name)
 
 
-class TqdmProgress:
-    """The tools' progress callback as tqdm bars, one per stage."""
+class ConsoleToolProgress:
+    """The tools' progress callback on the console, one bar (or lines) per stage."""
 
     def __init__(self) -> None:
-        self.bar: Any = None
+        from trainer.system.console import ConsoleProgress
+
+        self.progress = ConsoleProgress(stream=sys.stderr)
         self.what = ""
 
     def __call__(self, done: int, total: int, what: str) -> None:
-        from tqdm import tqdm
-
-        if self.bar is None or what != self.what:
-            self.close()
-            self.bar = tqdm(total=total, desc=what, dynamic_ncols=True, file=sys.stderr)
+        if not self.progress.active or what != self.what:
+            self.progress.start(total, what)
             self.what = what
-        self.bar.update(done - self.bar.n)
+        self.progress.update(done)
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-        self.bar = None
+        self.progress.close()
 
 
 def _run(name: str, args: argparse.Namespace) -> int:
@@ -83,7 +80,7 @@ def _run(name: str, args: argparse.Namespace) -> int:
         for problem in exc.problems:
             print(f"error: {problem}", file=sys.stderr)
         return 2
-    progress = TqdmProgress()
+    progress = ConsoleToolProgress()
     try:
         report = _load(run)(opts) if name == "inspect" else _load(run)(opts, progress)
     except ToolError as exc:
