@@ -29,6 +29,10 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 ARTIFACTS = PROJECT / "tests" / "artifacts"
+# The browser tests' limit for a wait: every wait is for a condition of the page, so the limit
+# only bounds how long a failure takes to show; a machine whose other core is busy redraws the
+# form slowly (a search's redraw of every field missed a 30 s limit once)
+PAGE_TIMEOUT_MS = 90_000
 # The real trainer on the default preset, cut short so that the suite stays fast.
 QUICK_STEPS = 6
 CLASS_IMAGES = "Generating class images"  # trainer.run.class_images.STAGE, without torch

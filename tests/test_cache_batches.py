@@ -12,8 +12,8 @@ from PIL import Image
 
 from trainer.config import TrainConfig
 from trainer.config.paths import PROJECT_ROOT
-from trainer.data import prepare_dataset
 from trainer.data import cache_batches as cb
+from trainer.data import prepare_dataset
 
 SD_VAE = json.loads((PROJECT_ROOT / "trainer/assets/families/sd1/vae/config.json").read_text())
 TINY_VAE = {"block_out_channels": [8, 8], "mid_block_add_attention": True}

@@ -12,6 +12,7 @@ from gui_helpers import (  # noqa: F401
     ARTIFACTS,
     CHROMIUM,
     CHROMIUM_ARGS,
+    PAGE_TIMEOUT_MS,
     gui_home,
     launched,
     one_torch_thread,
@@ -50,7 +51,7 @@ def browser():
 def page(browser, app_url):
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = context.new_page()
-    page.set_default_timeout(30_000)
+    page.set_default_timeout(PAGE_TIMEOUT_MS)
     page.goto(app_url)
     yield page
     context.close()
@@ -87,7 +88,7 @@ def test_train_watch_reload_and_finish(page, one_torch_thread, tmp_path):  # noq
     page.wait_for_function(CURVE_DRAWN, timeout=TRAIN_MINUTES * 60_000)
     reloaded, before = time.monotonic(), status(page)
     page.reload()
-    page.wait_for_function(CURVE_DRAWN, timeout=30_000)
+    page.wait_for_function(CURVE_DRAWN)
     print(f"curve back {time.monotonic() - reloaded:.1f}s after a reload ({before})")
     wait_status(page, "finished")
     expected = out / "default-lora.safetensors"

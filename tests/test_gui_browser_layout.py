@@ -9,7 +9,7 @@ screen the panel comes above the form."""
 from __future__ import annotations
 
 import pytest
-from gui_helpers import ARTIFACTS, gui_home, one_torch_thread  # noqa: F401
+from gui_helpers import ARTIFACTS, PAGE_TIMEOUT_MS, gui_home, one_torch_thread  # noqa: F401
 from playwright.sync_api import Page
 from test_gui_browser import (  # noqa: F401 - the fixtures are used by name
     CURVE_DRAWN,
@@ -39,7 +39,7 @@ ROWS_CLOSE = """() => {
 def open_page(browser, url: str, viewport: dict) -> tuple[object, Page]:  # noqa: F811
     context = browser.new_context(viewport=viewport)
     page = context.new_page()
-    page.set_default_timeout(60_000)
+    page.set_default_timeout(PAGE_TIMEOUT_MS)
     page.goto(url)
     return context, page
 
@@ -84,8 +84,7 @@ def test_train_labels_search_and_advice_without_scrolling(laptop):
     assert in_view(page, "#lora-advisor-summary")
     assert "fits" in page.inner_text("#lora-advisor-summary")
     search = text_input(page, "lora-search")
-    search.click()
-    search.press_sequentially("snr", delay=30)
+    search.fill("snr")  # one round trip (typed key by key: one per key)
     page.wait_for_selector("#lora-training-min_snr_gamma", state="visible")  # in "Advanced"
     page.wait_for_selector("#lora-network-network_dim", state="hidden")
     # no empty space where the hidden rows were: each row of matches right under the last
@@ -94,10 +93,9 @@ def test_train_labels_search_and_advice_without_scrolling(laptop):
     # the matches come first in view: "snr" finds five settings now (v_pred_like_loss's help
     # names the SNR too), and the first of them sits right under the search box (waited for
     # too: on a loaded machine the layout settled after the check once)
-    page.wait_for_function(IN_VIEW, arg="#lora-training-v_pred_like_loss", timeout=10_000)
+    page.wait_for_function(IN_VIEW, arg="#lora-training-v_pred_like_loss")
     assert in_view(page, "#lora-training-v_pred_like_loss")
-    search.press("Control+a")
-    search.press("Backspace")
+    search.fill("")
     page.wait_for_selector("#lora-network-network_dim", state="visible")
 
 

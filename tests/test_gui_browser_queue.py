@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from gui_helpers import CHROMIUM, CHROMIUM_ARGS, gui_home, launched  # noqa: F401
+from gui_helpers import CHROMIUM, CHROMIUM_ARGS, PAGE_TIMEOUT_MS, gui_home, launched  # noqa: F401
 from playwright.sync_api import sync_playwright
 
 from kohya_gui.app import build_app
@@ -67,7 +67,7 @@ def test_ten_jobs_two_tabs_reload_stop_and_cancel(gui_home, tmp_path):  # noqa: 
             one, two = (browser.new_context(viewport={"width": 1400, "height": 1000}
                                             ).new_page() for _ in range(2))
             for tab in (one, two):
-                tab.set_default_timeout(60_000)
+                tab.set_default_timeout(PAGE_TIMEOUT_MS)
                 tab.goto(url)
                 tab.wait_for_selector("#training-panel")
             ids = {}

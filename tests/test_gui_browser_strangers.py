@@ -12,7 +12,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from gui_helpers import CHROMIUM, CHROMIUM_ARGS, gui_home, launched, wait_for  # noqa: F401
+from gui_helpers import (  # noqa: F401
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    PAGE_TIMEOUT_MS,
+    gui_home,
+    launched,
+    wait_for,
+)
 from PIL import Image
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from playwright.sync_api import sync_playwright
@@ -99,7 +106,7 @@ def page(app):
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         context = browser.new_context(viewport={"width": 1400, "height": 1000})
         page = context.new_page()
-        page.set_default_timeout(60_000)
+        page.set_default_timeout(PAGE_TIMEOUT_MS)
         page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
         page.goto(url)
         page.wait_for_selector("#training-panel")
@@ -114,7 +121,8 @@ def field(page, elem_id: str):
 
 
 def no_injection(page) -> None:
-    page.wait_for_timeout(500)  # an image's onerror would fire by now
+    # every image loaded or failed, so an injected image's onerror has had its chance to run
+    page.wait_for_function("() => [...document.images].every(i => i.complete)")
     assert page.evaluate(INJECTED) == 0
     assert page.dialogs == []
 
@@ -134,7 +142,8 @@ def test_inspect_shows_markup_as_text(page, app):
     assert "..." in report and len(report) < 20_000
     assert "\x1b" not in report
     page.get_by_text("All metadata", exact=True).click()
-    page.wait_for_timeout(500)
+    page.wait_for_function(
+        "() => document.querySelector('#inspect-metadata')?.innerText.includes('onerror')")
     meta = page.inner_text("#inspect-metadata")
     assert "onerror=alert(1)" in meta and len(meta) < 60_000
     no_injection(page)
@@ -221,5 +230,5 @@ def test_run_log_samples_error_and_history_show_markup_as_text(page, app):
     page.wait_for_function(
         "() => document.querySelector('#queue-table')?.innerText.includes('onerror=alert(1)')")
     page.click("#compare input")
-    page.wait_for_timeout(300)
+    page.wait_for_selector("[role=option]")  # the list of runs to compare is open
     no_injection(page)

@@ -15,6 +15,7 @@ import pytest
 from gui_helpers import (  # noqa: F401
     CHROMIUM,
     CHROMIUM_ARGS,
+    PAGE_TIMEOUT_MS,
     PROJECT,
     fake_run,
     free_port,
@@ -234,7 +235,7 @@ def test_the_login_page_works_in_a_browser(locked):
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page()
-            page.set_default_timeout(30_000)
+            page.set_default_timeout(PAGE_TIMEOUT_MS)
             page.goto(url)
             page.get_by_label("username").fill(USER)
             page.get_by_label("password").fill(PASSWORD)
