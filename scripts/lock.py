@@ -124,19 +124,9 @@ def compile_lock(uv: str, inputs: list[str], out: Path, extra: list[str], upgrad
         return header + target.read_text()
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--upgrade", action="store_true", help="newest versions the ranges allow")
-    group.add_argument("--upgrade-package", action="append", default=[], metavar="NAME")
-    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if stale")
-    args = parser.parse_args()
-    uv = uv_binary()
-    upgrade = ["--upgrade"] if args.upgrade else [
-        x for name in args.upgrade_package for x in ("--upgrade-package", name)]
-    LOCKS.mkdir(exist_ok=True)
+def compile_locks(uv: str, upgrade: list[str]) -> dict[Path, str]:
+    """Every lock's new text, by its path (nothing written)."""
     results: dict[Path, str] = {}
-
     with tempfile.TemporaryDirectory() as tmp:
         torch_pin("cuda")  # PyPI's torch: the file is a plain requirement
         cuda = compile_lock(uv, ["requirements.txt", "requirements_linux_cuda.txt"],
@@ -166,14 +156,18 @@ def main() -> int:
             uv, ["requirements_dev.txt"], LOCKS / "dev.txt", ["-c", str(constraints), *common],
             upgrade, HEADER.format(sources="requirements_dev.txt (with locks/cuda.txt's "
                                    "versions)", floor=PYTHON_FLOOR, note=NOTES["dev"]))
-
         tools = Path(tmp) / "bootstrap.in"
         tools.write_text("uv\npip\n")
         results[LOCKS / "bootstrap.txt"] = compile_lock(
             uv, [str(tools)], LOCKS / "bootstrap.txt", ["--no-annotate"], upgrade,
             HEADER.format(sources="uv and pip, unpinned", floor=PYTHON_FLOOR,
                           note=NOTES["bootstrap"]))
+    return results
 
+
+def write_or_check(results: dict[Path, str], check: bool) -> int:
+    """Write the locks that changed (or, with ``check``, show how they differ); 1 when
+    ``check`` finds one stale."""
     stale = 0
     for path, text in results.items():
         old = path.read_text() if path.exists() else ""
@@ -181,18 +175,31 @@ def main() -> int:
             continue
         stale += 1
         rel = path.relative_to(ROOT)
-        if args.check:
+        if check:
             sys.stdout.writelines(difflib.unified_diff(old.splitlines(True), text.splitlines(True),
                                                        str(rel), f"{rel} (new)", n=0))
         else:
             path.write_text(text)
             print(f"scripts/lock.py: wrote {rel}")
-    if args.check and stale:
+    if check and stale:
         print(f"scripts/lock.py: {stale} lock(s) differ from what the requirements give")
         return 1
     if not stale:
         print("scripts/lock.py: the locks are up to date")
     return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--upgrade", action="store_true", help="newest versions the ranges allow")
+    group.add_argument("--upgrade-package", action="append", default=[], metavar="NAME")
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if stale")
+    args = parser.parse_args()
+    upgrade = ["--upgrade"] if args.upgrade else [
+        x for name in args.upgrade_package for x in ("--upgrade-package", name)]
+    LOCKS.mkdir(exist_ok=True)
+    return write_or_check(compile_locks(uv_binary(), upgrade), args.check)
 
 
 if __name__ == "__main__":
