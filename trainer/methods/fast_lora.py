@@ -8,8 +8,8 @@ gives each plain LoRA layer a forward that computes the same operations, in the 
 peft's (``base(x) + B(A(x)) * scale``, without the product when the scale is 1, so results
 are bit-identical), and falls back to peft's own forward whenever the layer is in any other
 state (adapters disabled or merged, extra arguments). A base layer with forward hooks (fp8
-storage, trainer/models/memory.py) is called as a module, so that its hooks run. The modules, parameter names and saved
-files are peft's, unchanged.
+storage, trainer/models/memory.py) is called as a module, so that its hooks run. The modules,
+parameter names and saved files are peft's, unchanged.
 """
 
 from __future__ import annotations
