@@ -76,3 +76,23 @@ def test_block_swap_and_fp8_base_unet_of_flux():
     assert cfg.training.blocks_to_swap == flux_units(18)
     assert cfg.model.base_precision == "fp8" and not cfg.model.fp8_text_encoders
     assert cfg.training.gradient_checkpointing
+
+
+@pytest.mark.parametrize("data, processes, says", [
+    ({"num_processes": 4, "multi_gpu": False}, 1, "4 without multi_gpu"),
+    ({"num_processes": 4}, 1, "4 without multi_gpu"),
+    ({"num_processes": 2, "multi_gpu": True}, 2, None),
+    ({"num_processes": 1, "multi_gpu": True}, 1, "accelerate refuses multi_gpu"),
+    ({"num_processes": 1, "multi_gpu": False}, 1, None),
+])
+def test_num_processes_counts_with_multi_gpu_as_accelerate_reads_kohya_ss_flags(
+        data, processes, says):
+    """kohya_ss passes --num_processes always and --multi_gpu when ticked; without it,
+    accelerate starts one process (unless it sees several GPUs)."""
+    cfg, report = import_kohya({"LoRA_type": "Standard", **data})
+    assert cfg.training.num_processes == processes and not report.unsupported
+    skipped = dict(report.not_needed)
+    if says is None:
+        assert "num_processes" not in skipped
+    else:
+        assert says in skipped["num_processes"]

@@ -381,6 +381,7 @@ DERIVED: list[tuple[tuple[str, ...], Any]] = [
     (kohya_extra.CONTEXT_KEYS, kohya_extra.in_context),
     (kohya_extra.BLOCK_LR_KEYS, kohya_extra.block_lr),
     (kohya_run_extra.HUB_RESUME_KEYS, kohya_run_extra.hub_resume),
+    (kohya_run_extra.LAUNCH_KEYS, kohya_run_extra.launch),
     (("additional_parameters",), additional_parameters),
     (kohya_fused.KEYS, kohya_fused.fused),  # after the flags (optimizer, accumulation)
     (kohya_run_extra.CACHE_KEYS, kohya_run_extra.latent_cache),  # after the flags

@@ -1,8 +1,9 @@
 """kohya_ss keys of issue 21's remainder: colour augmentation, fp16 weights, the trackers and
 the Hub upload. Their one-to-one rules (``RUN_DIRECT``, merged into kohya_table.DIRECT, so the
-same flags in ``additional_parameters`` map too) and the one handler that reads two keys:
+same flags in ``additional_parameters`` map too) and the handlers that read two keys:
 ``color_aug`` with the latent cache, which sd-scripts refuses together (the pixels change at
-every step); the import keeps the augmentation and turns the cache off, with a note.
+every step; the import keeps the augmentation and turns the cache off, with a note), and
+accelerate's ``num_processes`` with ``multi_gpu``, which decides whether it counts.
 """
 
 from __future__ import annotations
@@ -71,3 +72,36 @@ def hub_resume(ctx: Any) -> None:
                       "file leaves empty")
     else:
         ctx.set(key, "saving.resume_from_huggingface", True)
+
+
+LAUNCH_KEYS = ("num_processes", "multi_gpu")
+
+
+def launch(ctx: Any) -> None:
+    """kohya_ss passes ``--num_processes N`` to ``accelerate launch`` always and ``--multi_gpu``
+    only when its box is ticked. Without it (and without an accelerate config file) accelerate
+    starts one process, unless it finds more than one GPU (kohya_ss's
+    class_accelerate_launch.py, accelerate's ``_validate_launch_command``): so the processes
+    count here only with ``multi_gpu``, and accelerate refuses ``multi_gpu`` with one."""
+    count = ctx.num("num_processes")
+    multi = c.to_bool(ctx.raw("multi_gpu")) is True
+    if count is not None and count != int(count):
+        ctx.problems.append(f"num_processes = {ctx.raw('num_processes')!r}: not a whole number")
+        return
+    if "multi_gpu" in ctx.data:
+        ctx.skip("multi_gpu", "decides whether num_processes counts (it does when true)"
+                 if multi else "off: one process trains, whatever num_processes says")
+    if count is None:
+        if "num_processes" in ctx.data:
+            ctx.unset("num_processes")
+    elif multi and count >= 2:
+        ctx.set("num_processes", "training.num_processes", int(count))
+    elif multi:
+        ctx.skip("num_processes", f"{int(count)} with multi_gpu: accelerate refuses "
+                 "multi_gpu with fewer than 2 processes; one process trains here")
+    elif count > 1:
+        ctx.skip("num_processes", f"{int(count)} without multi_gpu: accelerate then starts one "
+                 "process unless it sees more than one GPU; set training.num_processes to "
+                 "train on several GPUs")
+    else:
+        ctx.set("num_processes", "training.num_processes", int(count))

@@ -178,7 +178,6 @@ DIRECT: dict[str, Rule] = {
     "huber_c": Rule("training.huber_c", c.to_float),
     "huber_scale": Rule("training.huber_scale", c.to_float),
     "masked_loss": Rule("training.masked_loss", masked_loss),
-    "num_processes": Rule("training.num_processes", c.to_int),
     "dynamo_backend": Rule("training.compile", compile_backend),
     "sample_prompts": Rule("sampling.sample_prompts", prompts),
     "sample_every_n_steps": Rule("sampling.sample_every_n_steps", pos_int),
@@ -209,7 +208,7 @@ _HUB_TOKEN = ("huggingface_hub reads the token from HF_TOKEN or `hf auth login`;
               "in the config (saving.huggingface_repo_id uploads with it)")
 NOT_NEEDED: dict[str, str] = {
     **dict.fromkeys(("xformers", "mem_eff_attn", "sdpa"), _ATTN),
-    **dict.fromkeys(("gpu_ids", "num_cpu_threads_per_process", "num_machines", "multi_gpu",
+    **dict.fromkeys(("gpu_ids", "num_cpu_threads_per_process", "num_machines",
                      "main_process_port", "extra_accelerate_launch_args"), _LAUNCH),
     "huggingface_token": _HUB_TOKEN,
     **dict.fromkeys(("dynamo_mode", "dynamo_use_fullgraph", "dynamo_use_dynamic"),
