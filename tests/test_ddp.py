@@ -111,6 +111,41 @@ def test_a_launch_that_dies_fails_with_the_tail_of_its_output(tmp_path, monkeypa
                                                None, bad).error
 
 
+def test_a_failed_launch_names_the_rank_that_failed_first_with_its_own_error(tmp_path,
+                                                                             monkeypatch):
+    """Rank 3 fails; ranks 0-2 then fail on the process group, rank 0 reporting that. The
+    run's error is rank 3's own, named as the first failure, before what the others said."""
+    gloo = "RuntimeError: [../third_party/gloo/transport/tcp/pair.cc:534] Connection closed by peer"
+    finished = launch.to_json(Finished("failed", 1, error=gloo))
+    script = (
+        "import sys, pathlib\n"
+        "print('rank 3: error: CUDA out of memory. Tried to allocate 2.00 GiB',"
+        " file=sys.stderr, flush=True)\n"
+        f"for r in (1, 0, 2): print(f'rank {{r}}: error: {gloo}', file=sys.stderr, flush=True)\n"
+        f"pathlib.Path(sys.argv[1], {launch.EVENTS!r}).write_text({finished!r} + '\\n')\n"
+        "sys.exit(1)\n")
+    monkeypatch.setattr(launch, "torchrun_command",
+                        lambda config, folder, *a: [sys.executable, "-c", script, str(folder)])
+    result = run_launched(small_config(tmp_path, tmp_path, training={"num_processes": 4}))
+    assert result.status == "failed"
+    lines = result.error.splitlines()
+    assert lines[0] == "rank 3 failed first: CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert lines[1].startswith("then rank 1: error: RuntimeError") and len(lines) == 4
+
+
+def test_a_rank_killed_without_a_word_is_named_from_torchrun_s_summary(tmp_path, monkeypatch):
+    summary = ["Root Cause (first observed failure):", "[0]:", "  time      : 2026-12-02",
+               "  host      : box", "  rank      : 2 (local_rank: 2)",
+               "  exitcode  : -9 (pid: 4242)", "  error_file: <N/A>",
+               "  traceback : Signal 9 (SIGKILL) received by PID 4242"]
+    script = f"import sys; print({chr(10).join(summary)!r}); sys.exit(1)"
+    monkeypatch.setattr(launch, "torchrun_command", lambda *a: [sys.executable, "-c", script])
+    result = run_launched(small_config(tmp_path, tmp_path, training={"num_processes": 4}))
+    assert result.error.splitlines()[0] == (
+        "rank 2 failed first: exit code -9 (Signal 9 (SIGKILL) received by PID 4242)")
+    assert "exit status 1" in result.error
+
+
 # -- real runs: torchrun, gloo; three launches in all (each costs ~15 s of CPU) ------------
 def test_two_machines_train_what_one_process_trains_with_the_global_batch(
         tmp_path, tiny_model_dir, monkeypatch):

@@ -38,6 +38,7 @@ from trainer.system import parent_death
 EVENTS = "events.jsonl"
 PID = "rank0.pid"
 OUTPUT = "launch.log"
+ROOT_CAUSE = "Root Cause (first observed failure):"  # torchrun's summary of a failed launch
 STOPPED_EARLY = 3  # rank 0 stopped before the first step: torchrun must end the other ranks
 
 
@@ -168,9 +169,9 @@ def run_launched(cfg, sink: Optional[EventSink] = None, control: Optional[Contro
                 _end(proc)
         if finished is None:
             finished = _without_rank0(proc.returncode, folder / OUTPUT, control)
-        elif finished.status == "failed":  # e.g. another rank crashed: say how
-            finished = dataclasses.replace(finished, error=f"{finished.error}\n"
-                                                           f"{_tail(folder / OUTPUT)}")
+        elif finished.status == "failed":  # another rank may have failed first: say which
+            finished = dataclasses.replace(
+                finished, error=_failure_text(finished.error, folder / OUTPUT))
         return _finish(sink, finished)
 
 
@@ -218,19 +219,69 @@ def _without_rank0(returncode: int, output: Path, control: Control) -> Finished:
     """The end of a launch whose rank 0 said nothing (it crashed, or it runs elsewhere)."""
     if returncode == 0:
         return Finished("stopped" if control.stop_requested else "finished", 0)
-    tail = _tail(output)
-    return Finished("failed", 0, error=f"the training processes failed (exit status "
-                                       f"{returncode}): {tail}")
+    return Finished("failed", 0, error=_failure_text(
+        f"the training processes failed (exit status {returncode})", output))
+
+
+def _failure_text(error: str, output: Path) -> str:
+    """A failed launch's error: the first rank's own first error, named as such, then what
+    the others said and ``error`` (rank 0's, or the launch's exit status). A rank that fails
+    takes the others down with errors of the process group ("Connection closed by peer"),
+    which say nothing of the cause."""
+    first = _first_failure(output)
+    if first is None:
+        return f"{error}: {_tail(output)}"
+    lines = [first] + [f"then {line}" for line in _rank_errors(output)[1:]]
+    if not any(error.splitlines()[0] in line for line in lines):
+        lines.append(f"({error})")
+    return "\n".join(lines)
+
+
+def _rank_errors(output: Path) -> list[str]:
+    """The ranks' error lines (:func:`worker`), in the order they were written."""
+    try:
+        text = output.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return []
+    return [line for line in text if line.startswith("rank ") and ": error: " in line
+            and line[5:].split(":")[0].isdigit()]
+
+
+def _first_failure(output: Path) -> Optional[str]:
+    """``rank N failed first: ...`` from the ranks' error lines, else from torchrun's "Root
+    Cause (first observed failure)" of a rank that died without one (killed, out of memory);
+    None when neither is there."""
+    errors = _rank_errors(output)
+    if errors:
+        rank, _, message = errors[0].partition(": error: ")
+        return f"{rank} failed first: {message}"
+    try:
+        text = [line.strip() for line in output.read_text(encoding="utf-8",
+                                                          errors="replace").splitlines()]
+    except OSError:
+        return None
+    if ROOT_CAUSE not in text:
+        return None
+    fields: dict[str, str] = {}
+    for line in text[text.index(ROOT_CAUSE) + 1:]:
+        key, sep, value = line.partition(":")
+        if sep and key.strip() in ("rank", "exitcode", "traceback"):
+            fields.setdefault(key.strip(), value.strip())
+    if "rank" not in fields:
+        return None
+    why = fields.get("traceback", "")
+    return (f"rank {fields['rank'].split()[0]} failed first: exit code "
+            f"{fields.get('exitcode', '?').split()[0]}"
+            + (f" ({why})" if why and "N/A" not in why else ""))
 
 
 def _tail(path: Path, lines: int = 12) -> str:
-    """The ranks' own error lines (see :func:`worker`), else the last lines of the output."""
+    """The last lines of the output."""
     try:
         text = path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
     except OSError:
         return "(no output)"
-    errors = [line for line in text if line.startswith("rank ") and ": error: " in line]
-    return "\n".join(errors or text[-lines:]) or "(no output)"
+    return "\n".join(text[-lines:]) or "(no output)"
 
 
 def _finish(sink: EventSink, finished: Finished) -> Finished:
