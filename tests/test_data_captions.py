@@ -62,3 +62,43 @@ def test_is_static():
     assert not CaptionOptions(shuffle=True).is_static
     assert not CaptionOptions(dropout_rate=0.1).is_static
     assert not CaptionOptions(tag_dropout_rate=0.1).is_static
+
+
+def test_wildcards_draw_a_line_and_an_option_of_each_group():
+    from trainer.data.captions import expand_wildcards
+
+    text = "a {red|blue|green} cat, {{literal}}\nthe {big|small} dog"
+    drawn = {expand_wildcards(text, random.Random(seed)) for seed in range(200)}
+    assert drawn == {f"a {c} cat, {{literal}}" for c in ("red", "blue", "green")} | {
+        f"the {s} dog" for s in ("big", "small")}
+    assert expand_wildcards(text, None) == "a red cat, {literal}"  # validation: the first
+
+
+def test_wildcards_come_before_the_shuffle_and_reach_the_prefix():
+    opts = CaptionOptions(wildcard="random", shuffle=True, keep_tokens=1,
+                          prefix="{photo|drawing} of")
+    seen = {apply_caption("sks, {a|b}, c", opts, random.Random(seed)) for seed in range(100)}
+    assert all(s.split(", ")[:2] in (["photo of", "sks"], ["drawing of", "sks"]) for s in seen)
+    assert {frozenset(split_tags(s)[2:]) for s in seen} == {frozenset({"a", "c"}),
+                                                            frozenset({"b", "c"})}
+    assert not CaptionOptions(wildcard="random").is_static
+    assert CaptionOptions(wildcard="first").is_static
+    assert apply_caption("x\ny", CaptionOptions(), random.Random(0)) == "x\ny"  # off: as read
+
+
+def test_a_wildcard_dataset_trains_every_line_of_its_caption_files(tmp_path):
+    from train_helpers import one_image_dataset, small_config
+
+    from trainer.data import prepare_dataset
+    from trainer.data.text_cache import text_cache_blocker
+
+    data = one_image_dataset(tmp_path / "data", caption="first {one|two}")
+    (data / "1_circle" / "circle.txt").write_text("first {one|two}\n\nsecond line\n")
+    cfg = small_config(tmp_path, data, dataset={"enable_wildcard": True})
+    trained = prepare_dataset(cfg, lambda _: None)
+    captions = {c for epoch in range(1, 40) for b in trained.epoch(epoch, 1, seed=0)
+                for c in b.captions}
+    assert captions == {"first one", "first two", "second line"}
+    assert "dataset.enable_wildcard" in text_cache_blocker(cfg)
+    plain = prepare_dataset(small_config(tmp_path, data), lambda _: None)
+    assert [b.captions for b in plain.epoch(1, 1, seed=0)] == [["first {one|two}"]]

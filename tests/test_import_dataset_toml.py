@@ -402,3 +402,22 @@ def test_color_aug_per_subset_changes_only_that_subsets_pixels_and_refuses_the_c
                           "  image_dir = \"cats\"\n")
     with pytest.raises(Exception, match=r"datasets\[0\]\.color_aug"):
         prepared(bad, cache_latents=False)
+
+
+def test_enable_wildcard_per_subset(tmp_path):
+    picture(tmp_path / "wild" / "w.png", caption="a {red|blue} cat\nline two")
+    picture(tmp_path / "tame" / "t.png", caption="a {red|blue} dog\nline two")
+    toml = write(tmp_path, """
+[[datasets]]
+  [[datasets.subsets]]
+  image_dir = "wild"
+  num_repeats = 20
+  enable_wildcard = true
+  [[datasets.subsets]]
+  image_dir = "tame"
+  num_repeats = 20
+""")
+    data = prepared(toml)
+    captions = Counter(c for b in data.epoch(1, 1, seed=0) for c in b.captions)
+    assert set(captions) == {"a red cat", "a blue cat", "line two", "a {red|blue} dog"}
+    assert captions["a {red|blue} dog"] == 20

@@ -96,3 +96,9 @@ def test_num_processes_counts_with_multi_gpu_as_accelerate_reads_kohya_ss_flags(
         assert "num_processes" not in skipped
     else:
         assert says in skipped["num_processes"]
+
+
+def test_enable_wildcard_in_the_additional_parameters():
+    cfg, report = import_kohya({"LoRA_type": "Standard",
+                                "additional_parameters": "--enable_wildcard"})
+    assert cfg.dataset.enable_wildcard is True and not report.unsupported

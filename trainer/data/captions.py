@@ -13,11 +13,19 @@ Two options come from sd-scripts' dataset TOML (its ``process_caption`` in libra
 fixed head, a flexible middle that is shuffled and tag-dropped, and an optional fixed tail;
 ``keep_tokens`` is then ignored. Unlike sd-scripts the separator never reaches the text encoder,
 also when nothing is shuffled.
+
+Wildcards (sd-scripts' ``--enable_wildcard``; ``wildcard = "random"``): a caption file of
+several lines is one caption per line, one of which is drawn at each step, and every
+``{a|b|c}`` in the caption, prefix or suffix is one of its options, drawn before tags are
+shuffled or dropped; ``{{`` and ``}}`` are literal braces. ``wildcard = "first"`` (validation)
+takes the first line and the first option of each, the same at every step.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
+import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -32,6 +40,7 @@ class CaptionOptions:
     suffix: Optional[str] = None
     keep_tokens_separator: Optional[str] = None
     dropout_every_n_epochs: Optional[int] = None
+    wildcard: str = "off"  # "off", "random" (a choice per step) or "first" (the same each step)
 
     @classmethod
     def from_config(cls, ds: Any) -> CaptionOptions:
@@ -44,13 +53,14 @@ class CaptionOptions:
             prefix=ds.caption_prefix,
             suffix=ds.caption_suffix,
             dropout_every_n_epochs=getattr(ds, "caption_dropout_every_n_epochs", None),
+            wildcard="random" if getattr(ds, "enable_wildcard", False) else "off",
         )
 
     @property
     def is_static(self) -> bool:
         """True when a caption comes out the same at every step (no shuffle, no dropout)."""
         return (not self.shuffle and self.dropout_rate == 0 and self.tag_dropout_rate == 0
-                and not self.dropout_every_n_epochs)
+                and not self.dropout_every_n_epochs and self.wildcard != "random")
 
 
 def split_tags(caption: str) -> list[str]:
@@ -83,6 +93,23 @@ def _separated(text: str, opts: CaptionOptions, rng: random.Random) -> str:
     return ", ".join(tags)
 
 
+_OPEN, _CLOSE = "\x00", "\x01"  # stand-ins for {{ and }} while the options are drawn
+_OPTIONS = re.compile(r"\{([^}]+)\}")
+
+
+def expand_wildcards(text: Optional[str], rng: Optional[random.Random]) -> Optional[str]:
+    """One line of ``text`` and one option of each ``{a|b|c}``, drawn with ``rng`` (the first
+    of each when ``rng`` is None); ``{{`` / ``}}`` become literal braces."""
+    if not text:
+        return text
+    lines = [line for line in text.split("\n") if line.strip()] or [text]
+    text = lines[0] if rng is None else rng.choice(lines)
+    text = text.replace("{{", _OPEN).replace("}}", _CLOSE)
+    text = _OPTIONS.sub(lambda m: (m.group(1).split("|")[0] if rng is None
+                                   else rng.choice(m.group(1).split("|"))), text)
+    return text.replace(_OPEN, "{").replace(_CLOSE, "}")
+
+
 def apply_caption(caption: str, opts: CaptionOptions, rng: random.Random,
                   epoch: Optional[int] = None) -> str:
     """The caption as trained at this step (of ``epoch``, counted from 1, when given)."""
@@ -91,6 +118,11 @@ def apply_caption(caption: str, opts: CaptionOptions, rng: random.Random,
     if opts.dropout_every_n_epochs and epoch is not None \
             and epoch % opts.dropout_every_n_epochs == 0:
         return ""
+    if opts.wildcard != "off":
+        draw = rng if opts.wildcard == "random" else None
+        caption = expand_wildcards(caption, draw) or ""
+        opts = dataclasses.replace(opts, prefix=expand_wildcards(opts.prefix, draw),
+                                   suffix=expand_wildcards(opts.suffix, draw))
     sep = opts.keep_tokens_separator
     if sep and sep in (whole := _join([opts.prefix, caption, opts.suffix])):
         return _separated(whole, opts, rng)

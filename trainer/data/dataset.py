@@ -291,7 +291,8 @@ class TrainingData:
 
 def _steady_caption(opts: CaptionOptions) -> CaptionOptions:
     return CaptionOptions(prefix=opts.prefix, suffix=opts.suffix,
-                          keep_tokens_separator=opts.keep_tokens_separator)
+                          keep_tokens_separator=opts.keep_tokens_separator,
+                          wildcard="off" if opts.wildcard == "off" else "first")
 
 
 def _sample_counts(entries: list[ImageEntry], options: list[Optional[SubsetOptions]]
@@ -364,9 +365,9 @@ def _scan(cfg: Any, warn: Callable[[str], None], problems: list[str],
         return dataset_candidates(cfg, warn, problems)
     train_dir = resolve_dataset_dir(ds.train_data_dir, data_home or studio_data_home())
     found = scan_root(train_dir, "dataset.train_data_dir", ds.caption_extension, False, warn,
-                      problems, root_repeats=ds.dataset_repeats)
+                      problems, root_repeats=ds.dataset_repeats, wildcard=ds.enable_wildcard)
     if ds.reg_data_dir is not None:  # with num_class_images it may be empty: images come
         found += scan_root(Path(ds.reg_data_dir).expanduser(), "dataset.reg_data_dir",
                            ds.caption_extension, True, warn, problems,
-                           required=ds.num_class_images is None)
+                           required=ds.num_class_images is None, wildcard=ds.enable_wildcard)
     return found, train_dir

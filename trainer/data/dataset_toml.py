@@ -37,13 +37,13 @@ SHARED_KEYS = ("num_repeats", "class_tokens", "caption_extension", "shuffle_capt
                "keep_tokens", "keep_tokens_separator", "caption_prefix", "caption_suffix",
                "caption_dropout_rate", "caption_tag_dropout_rate",
                "caption_dropout_every_n_epochs", "flip_aug", "color_aug", "random_crop",
-               "cache_info")
+               "cache_info", "enable_wildcard")
 # Options of one subset only.
 SUBSET_KEYS = ("image_dir", "is_reg", "alpha_mask", "conditioning_data_dir")
 # The run's ``dataset`` section fields that a subset or dataset inherits when the TOML is silent.
-FROM_SECTION = ("caption_extension", "shuffle_caption", "keep_tokens", "caption_prefix",
-                "caption_suffix", "caption_dropout_rate", "caption_tag_dropout_rate", "flip_aug",
-                "color_aug", "random_crop", "resolution", "enable_bucket", "min_bucket_reso",
+FROM_SECTION = ("caption_extension", "shuffle_caption", "keep_tokens", "enable_wildcard",
+                "caption_prefix", "caption_suffix", "caption_dropout_rate",
+                "caption_tag_dropout_rate", "flip_aug", "color_aug", "random_crop", "resolution", "enable_bucket", "min_bucket_reso",
                 "max_bucket_reso", "bucket_reso_steps", "bucket_no_upscale", "alpha_mask")
 UNSUPPORTED = {  # sd-scripts' options that this trainer does not have, and what to do instead
     "metadata_file": "fine-tuning subsets (a metadata JSON); use image_dir with caption files "
@@ -51,8 +51,6 @@ UNSUPPORTED = {  # sd-scripts' options that this trainer does not have, and what
     "face_crop_aug_range": "face-crop augmentation; remove it",
     "caption_separator": "captions are always split at commas; remove it",
     "secondary_separator": "secondary separators; remove it",
-    "enable_wildcard": "wildcards and multi-line captions (the first non-empty line is the "
-                       "caption); remove it",
     "token_warmup_min": "token warm-up; remove it",
     "token_warmup_step": "token warm-up; remove it",
     "custom_attributes": "custom attributes; remove them",
@@ -241,7 +239,8 @@ def _subset(where: str, levels: list[dict[str, Any]], index: int, spec: BucketSp
         tag_dropout_rate=get("caption_tag_dropout_rate"),
         prefix=get("caption_prefix"), suffix=get("caption_suffix"),
         keep_tokens_separator=get("keep_tokens_separator"),
-        dropout_every_n_epochs=get("caption_dropout_every_n_epochs") or None)
+        dropout_every_n_epochs=get("caption_dropout_every_n_epochs") or None,
+        wildcard="random" if get("enable_wildcard") else "off")
     mask_dir = levels[0].get("conditioning_data_dir")
     options = SubsetOptions(caption, spec, flip_aug=get("flip_aug"), color_aug=get("color_aug"),
                             random_crop=get("random_crop"), dataset=index, where=where,

@@ -115,8 +115,10 @@ def find_concept_folders(
     return folders
 
 
-def read_caption(image: Path, extension: str, fallback: str) -> str:
-    """The caption of ``image``: the first non-empty line of its caption file, else ``fallback``.
+def read_caption(image: Path, extension: str, fallback: str, all_lines: bool = False) -> str:
+    """The caption of ``image``: the first non-empty line of its caption file (with
+    ``all_lines``, every non-empty line, joined by newlines: wildcard captions), else
+    ``fallback``.
 
     Raises ``ValueError`` when the caption file is not UTF-8.
     """
@@ -131,7 +133,9 @@ def read_caption(image: Path, extension: str, fallback: str) -> str:
             "re-save it as UTF-8"
         ) from None
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[0] if lines else fallback
+    if not lines:
+        return fallback
+    return "\n".join(lines) if all_lines else lines[0]
 
 
 def scan_root(
@@ -143,10 +147,12 @@ def scan_root(
     problems: list[str],
     required: bool = True,
     root_repeats: Optional[int] = None,
+    wildcard: bool = False,
 ) -> list[Candidate]:
     """Every image under the concept folders of ``root`` (and directly in it, with
     ``root_repeats``); problems are appended, not raised. With ``required`` off, a missing or
-    empty ``root`` is no problem (it will be filled)."""
+    empty ``root`` is no problem (it will be filled). ``wildcard``: keep every line of the
+    caption files."""
     if not required and not root.is_dir():
         return []
     if not root.is_dir():
@@ -159,7 +165,7 @@ def scan_root(
         return []
     found: list[Candidate] = []
     for folder in find_concept_folders(root, field, warn, root_repeats):
-        found += scan_folder(folder, caption_extension, is_reg, problems)
+        found += scan_folder(folder, caption_extension, is_reg, problems, wildcard)
     if root_repeats is not None:
         bare = [c.path.name for c in found
                 if c.folder.path == root and not c.path.with_suffix(caption_extension).is_file()]
@@ -178,13 +184,16 @@ def scan_root(
 
 
 def scan_folder(folder: ConceptFolder, caption_extension: str, is_reg: bool,
-                problems: list[str]) -> list[Candidate]:
+                problems: list[str], wildcard: bool = False) -> list[Candidate]:
     """The images directly in ``folder``, sorted by name, with their captions (the folder's
-    concept where an image has no caption file); unreadable captions become problems."""
+    concept where an image has no caption file; every line of it with wildcards, which a
+    dataset TOML's subset sets for itself); unreadable captions become problems."""
+    if folder.options is not None:
+        wildcard = folder.options.caption.wildcard != "off"
     found = []
     for path in sorted(p for p in folder.path.iterdir() if is_image_file(p)):
         try:
-            caption = read_caption(path, caption_extension, folder.concept)
+            caption = read_caption(path, caption_extension, folder.concept, wildcard)
         except ValueError as exc:
             problems.append(str(exc))
             continue

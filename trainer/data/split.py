@@ -55,7 +55,8 @@ def validation_entries(cfg: Any, entries: list[ImageEntry], warn: Callable[[str]
         return entries, []
     if ds.validation_data_dir is not None:
         found = scan_root(Path(ds.validation_data_dir).expanduser(), FIELD_DIR,
-                          ds.caption_extension, False, warn, problems)
+                          ds.caption_extension, False, warn, problems,
+                          wildcard=ds.enable_wildcard)
         return entries, validate(found, BucketSpec.from_config(ds), problems)
     if ds.validation_split is None:
         return entries, []

@@ -28,6 +28,8 @@ def _reasons(cfg: Any, trains_text_encoder: Optional[bool]) -> list[str]:
         reasons.append("dataset.caption_tag_dropout_rate is above 0")
     if ds.caption_dropout_every_n_epochs:
         reasons.append("dataset.caption_dropout_every_n_epochs is set")
+    if ds.enable_wildcard:
+        reasons.append("dataset.enable_wildcard is on (a line and options drawn per step)")
     if ds.no_token_padding:
         reasons.append("dataset.no_token_padding is on (each batch has its own length)")
     if cfg.mode == "textual_inversion":

@@ -136,6 +136,7 @@ DIRECT: dict[str, Rule] = {
     "random_crop": Rule("dataset.random_crop", c.to_bool),
     "flip_aug": Rule("dataset.flip_aug", c.to_bool),
     "shuffle_caption": Rule("dataset.shuffle_caption", c.to_bool),
+    "enable_wildcard": Rule("dataset.enable_wildcard", c.to_bool),  # sd-scripts flag only
     "keep_tokens": Rule("dataset.keep_tokens", c.to_int),
     "caption_dropout_rate": Rule("dataset.caption_dropout_rate", c.to_float),
     "caption_tag_dropout_rate": Rule("dataset.caption_tag_dropout_rate", c.to_float),

@@ -112,6 +112,13 @@ class DatasetSection(DatasetParity):
         0.0, "Probability of dropping each tag (past keep_tokens).", advanced=True, ge=0, le=1,
         label="Tag dropout rate",
     )
+    enable_wildcard: bool = setting(
+        False, "Wildcard captions, as sd-scripts' --enable_wildcard: {a|b|c} in a caption (or "
+        "the prefix or suffix) trains as one of its options, drawn at each step, and a "
+        "caption file of several lines as one of its lines ({{ and }} are literal braces). "
+        "Off: the first line, as written.", advanced=True,
+        label="Wildcard captions",
+    )
     caption_prefix: Optional[str] = setting(
         None, "Text put before every caption.", advanced=True,
         label="Caption prefix",
