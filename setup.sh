@@ -3,7 +3,7 @@
 # machine's PyTorch build.
 #
 #   ./setup.sh [--use-rocm | --use-ipex | --cuda | --cpu] [--dev] [--latest | --lowest] [--force]
-#              [--dry-run]
+#              [--compile-later] [--dry-run]
 #
 # Without a platform flag it probes, in this order: ROCm (rocminfo on the PATH or
 # /opt/rocm/bin/rocminfo), an Intel GPU runtime (sycl-ls, xpu-smi or the Level Zero GPU driver),
@@ -15,6 +15,9 @@
 # for each requirement (uv's lowest-direct; scripts/lowest.sh checks the lower bounds with it).
 # Safe to run twice: a venv whose install completed for the same platform, mode and files is
 # left alone (--force reinstalls). A failed install leaves no venv that looks valid.
+# The packages' bytecode is compiled once the install is done, in the foreground; with
+# --compile-later (what ./gui.sh's first run uses) in the background at the lowest priority,
+# while the app starts: what the first page imports is compiled by that import.
 # --dry-run only says which platform it would install for, and why.
 # The installer is uv, which setup.sh puts into the venv with pip (locks/bootstrap.txt); it
 # gets the package sources of your pip configuration (scripts/uv_env.py).
@@ -26,7 +29,7 @@ VENV=${KOHYA_VENV:-$ROOT/.venv}
 PYTHON=${PYTHON:-python3}
 MARKER=$VENV/.kohya-setup-ok
 
-platform="" reason="" dev=0 mode=lock force=0 dry=0
+platform="" reason="" dev=0 mode=lock force=0 dry=0 later=0
 for arg in "$@"; do
   case "$arg" in
     --use-rocm) platform=rocm reason="--use-rocm was given" ;;
@@ -38,6 +41,7 @@ for arg in "$@"; do
     --lowest) mode=lowest ;;
     --force) force=1 ;;
     --dry-run) dry=1 ;;
+    --compile-later) later=1 ;;
     -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown option $arg (see --help)" >&2; exit 2 ;;
   esac
@@ -120,11 +124,7 @@ if [ "$("$UV" --version 2>/dev/null)" != "uv $uv_version" ]; then
 fi
 uv_env=$("$VENV/bin/python" scripts/uv_env.py) || fail "reading pip's configuration for uv"
 eval "$uv_env"
-# --compile-bytecode: the .pyc files are written here, once (about 25 s on 2 cores), rather than
-# by each module's first import, or by none where Python may not write them
-# (PYTHONDONTWRITEBYTECODE, a read-only venv): without them every process spends about 6 s
-# more importing torch, transformers and diffusers (12.8 s instead of 6.3 s here)
-UV_PIP=("$UV" pip install --compile-bytecode --python "$VENV/bin/python")
+UV_PIP=("$UV" pip install --python "$VENV/bin/python")
 
 echo "setup.sh: installing PyTorch $torch_version for $platform"
 case "$platform/$mode" in
@@ -167,5 +167,20 @@ esac
 # as well took 15 s on 2 cores, which the app's own start pays again right after.)
 "$UV" pip check --python "$VENV/bin/python" -q || fail "checking the installed packages' requirements"
 "$VENV/bin/python" -c "import torch" || fail "checking that torch loads"
+# The packages' .pyc files, written here once (about 25 s on 2 cores) rather than by each
+# module's first import, or by none where Python may not write them (PYTHONDONTWRITEBYTECODE,
+# a read-only venv): without them every process spends about 6 s more importing torch,
+# transformers and diffusers (12.8 s instead of 6.3 s). A file that does not compile (a
+# template, another Python's syntax) is left as it is, as uv's --compile-bytecode leaves it.
+site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
+  || fail "finding the venv's site-packages"
+compile=("$VENV/bin/python" -m compileall -q -j 0 "$site")
+if [ "$later" = 1 ]; then
+  echo "setup.sh: compiling the packages' bytecode in the background (lowest priority)"
+  nohup nice -n 19 "${compile[@]}" >/dev/null 2>&1 &
+else
+  echo "setup.sh: compiling the packages' bytecode"
+  "${compile[@]}" >/dev/null 2>&1 || true
+fi
 echo "$stamp" > "$MARKER"
 echo "setup.sh: done. torch $("$VENV/bin/python" -c 'import torch; print(torch.__version__)') in $VENV"

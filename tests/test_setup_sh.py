@@ -36,6 +36,7 @@ FAKE_VENV_PYTHON = """#!/bin/sh
 echo "python $*" >> "$(dirname "$0")/../calls.log"
 case "$*" in
   *"print(torch.__version__)"*|*'version("torch")'*) echo 2.13.0+cpu ;;
+  *sysconfig*) echo /fake/site-packages ;;
 esac
 exit 0
 """
@@ -122,8 +123,25 @@ def test_the_cpu_lock_is_installed_after_a_cpu_torch(tmp_path):
     assert "--no-deps" in project and project.endswith("-e .")
     assert any(c.startswith("uv pip check") for c in calls)
     assert (tmp_path / "venv" / ".kohya-setup-ok").read_text().startswith("cpu dev=0 lock ")
-    # bytecode compiled at install: no process pays 6 s of compiling where .pyc can't be written
-    assert all("--compile-bytecode" in c for c in (torch_cpu, lock, project))
+    # bytecode compiled once everything is installed, before the venv is marked complete: no
+    # process pays 6 s of compiling where .pyc can't be written
+    assert calls[-2] == "python -m compileall -q -j 0 /fake/site-packages"  # then its report
+    assert "compiling the packages' bytecode\n" in proc.stdout
+
+
+def test_gui_sh_s_first_set_up_compiles_the_bytecode_in_the_background(tmp_path):
+    """./gui.sh's first run: the app starts while the bytecode compiles at the lowest
+    priority (what the first page imports is compiled by that import)."""
+    import time
+
+    proc = _setup(tmp_path, "--cpu", "--compile-later", python=_fake_python(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "compiling the packages' bytecode in the background" in proc.stdout
+    deadline = time.monotonic() + 30
+    while "python -m compileall -q -j 0 /fake/site-packages" not in _calls(tmp_path):
+        assert time.monotonic() < deadline, _calls(tmp_path)
+        time.sleep(0.1)
+    assert "./setup.sh --compile-later" in (ROOT / "gui.sh").read_text()
 
 
 def test_a_second_run_does_nothing(tmp_path):
