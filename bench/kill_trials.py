@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = 60  # long enough that a kill within 4 s lands before the end
@@ -82,37 +83,41 @@ def kill_after(config: Path, delay: float, env: dict) -> bool:
     return proc.wait() == -signal.SIGKILL
 
 
-def resume_and_compare(folder: Path, data: Path, out: Path, reference: Path) -> bool:
+def train(config: Path, env: dict) -> Optional[Path]:
+    """``python -m trainer train config`` in a fresh process, as a user runs it after a kill
+    (the reference too: a test's own process may hold state that a fresh one does not); the
+    final file, or None when it did not finish."""
+    out = Path(config.read_text().split('output_dir = "')[1].split('"')[0])
+    proc = subprocess.run([sys.executable, "-m", "trainer", "train", str(config)], cwd=ROOT,
+                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    final = out / "k.safetensors"
+    return final if proc.returncode == 0 and final.is_file() else None
+
+
+def resume_and_compare(folder: Path, data: Path, out: Path, reference: Path, env: dict) -> bool:
     """Finish the killed run from its latest state; True when the final file equals the
     uninterrupted run's, tensor for tensor."""
     import torch
     from safetensors.torch import load_file
 
-    from trainer.config import files as config_io
-    from trainer.run.loop import run
-
-    result = run(config_io.load(write_config(folder, data, out, resume=True)))
-    if result.status != "finished":
+    final = train(write_config(folder, data, out, resume=True), env)
+    if final is None:
         return False
-    a, b = load_file(reference), load_file(result.output_path)
+    a, b = load_file(reference), load_file(final)
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def reference_run(folder: Path, data: Path) -> Path:
-    from trainer.config import files as config_io
-    from trainer.run.loop import run
-
-    out = folder / "reference"
-    result = run(config_io.load(write_config(folder, data, out)))
-    assert result.status == "finished", result.error
-    return Path(result.output_path)
+def reference_run(folder: Path, data: Path, env: dict) -> Path:
+    final = train(write_config(folder, data, folder / "reference"), env)
+    assert final is not None, "the uninterrupted run failed"
+    return final
 
 
 def trials(n: int, seed: int, folder: Path, data: Path, report=print,
            max_delay: float = 4.0) -> dict:
     rng = random.Random(seed)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    reference = reference_run(folder, data)
+    reference = reference_run(folder, data, env)
     totals = {"trials": 0, "killed_mid_run": 0, "corrupt": 0, "resumed_equal": 0}
     for i in range(n):
         trial_dir = folder / f"trial{i}"
@@ -121,7 +126,7 @@ def trials(n: int, seed: int, folder: Path, data: Path, report=print,
         delay = rng.uniform(0.0, max_delay)
         killed = kill_after(write_config(trial_dir, data, out), delay, env)
         bad, files = broken_outputs(out), len(list(out.glob("*.safetensors")))
-        equal = resume_and_compare(trial_dir, data, out, reference)
+        equal = resume_and_compare(trial_dir, data, out, reference, env)
         totals["trials"] += 1
         totals["killed_mid_run"] += int(killed)
         totals["corrupt"] += len(bad)
