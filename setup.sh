@@ -15,9 +15,9 @@
 # for each requirement (uv's lowest-direct; scripts/lowest.sh checks the lower bounds with it).
 # Safe to run twice: a venv whose install completed for the same platform, mode and files is
 # left alone (--force reinstalls). A failed install leaves no venv that looks valid.
-# The packages' bytecode is compiled once the install is done, in the foreground; with
-# --compile-later (what ./gui.sh's first run uses) in the background at the lowest priority,
-# while the app starts: what the first page imports is compiled by that import.
+# The packages' bytecode is compiled as they install; with --compile-later (what ./gui.sh's
+# first run uses) in the background at the lowest priority once they are installed, while the
+# app starts: what the first page imports is compiled by that import.
 # --dry-run only says which platform it would install for, and why.
 # The installer is uv, which setup.sh puts into the venv with pip (locks/bootstrap.txt); it
 # gets the package sources of your pip configuration (scripts/uv_env.py).
@@ -124,7 +124,13 @@ if [ "$("$UV" --version 2>/dev/null)" != "uv $uv_version" ]; then
 fi
 uv_env=$("$VENV/bin/python" scripts/uv_env.py) || fail "reading pip's configuration for uv"
 eval "$uv_env"
+# --compile-bytecode: the .pyc files are written as the packages install (about 25 s on 2
+# cores), rather than by each module's first import, or by none where Python may not write
+# them (PYTHONDONTWRITEBYTECODE, a read-only venv): without them every process spends about
+# 6 s more importing torch, transformers and diffusers (12.8 s instead of 6.3 s here). With
+# --compile-later they are written in the background once the install is done (below).
 UV_PIP=("$UV" pip install --python "$VENV/bin/python")
+[ "$later" = 1 ] || UV_PIP+=(--compile-bytecode)
 
 echo "setup.sh: installing PyTorch $torch_version for $platform"
 case "$platform/$mode" in
@@ -167,20 +173,14 @@ esac
 # as well took 15 s on 2 cores, which the app's own start pays again right after.)
 "$UV" pip check --python "$VENV/bin/python" -q || fail "checking the installed packages' requirements"
 "$VENV/bin/python" -c "import torch" || fail "checking that torch loads"
-# The packages' .pyc files, written here once (about 25 s on 2 cores) rather than by each
-# module's first import, or by none where Python may not write them (PYTHONDONTWRITEBYTECODE,
-# a read-only venv): without them every process spends about 6 s more importing torch,
-# transformers and diffusers (12.8 s instead of 6.3 s). A file that does not compile (a
-# template, another Python's syntax) is left as it is, as uv's --compile-bytecode leaves it.
-site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
-  || fail "finding the venv's site-packages"
-compile=("$VENV/bin/python" -m compileall -q -j 0 "$site")
 if [ "$later" = 1 ]; then
+  # at the lowest priority while the app starts, whose own imports compile what the first
+  # page needs; a file that does not compile (a template, another Python's syntax) is left as
+  # it is, as uv's --compile-bytecode leaves it
+  site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
+    || fail "finding the venv's site-packages"
   echo "setup.sh: compiling the packages' bytecode in the background (lowest priority)"
-  nohup nice -n 19 "${compile[@]}" >/dev/null 2>&1 &
-else
-  echo "setup.sh: compiling the packages' bytecode"
-  "${compile[@]}" >/dev/null 2>&1 || true
+  nohup nice -n 19 "$VENV/bin/python" -m compileall -q -j 0 "$site" >/dev/null 2>&1 &
 fi
 echo "$stamp" > "$MARKER"
 echo "setup.sh: done. torch $("$VENV/bin/python" -c 'import torch; print(torch.__version__)') in $VENV"
