@@ -233,3 +233,31 @@ def test_text_encoder_outputs_kept_on_disk_are_read_back_by_the_next_run(tmp_pat
     assert again.startswith("Text-encoder cache: 0 caption(s) to encode") and same == losses
     other, _ = once("c", t5xxl_max_token_length=64)
     assert other.startswith("Text-encoder cache: 1 caption(s) to encode")
+
+
+@pytest.mark.parametrize("family", ["flux1", "sd3"])
+def test_an_fp8_lora_trains_the_same_whether_stored_at_load_or_after_the_adapters(
+        tmp_path, family, monkeypatch):
+    """model.base_precision = "fp8" from a single file stores the transformer in fp8 as it
+    loads, before the adapters exist (issue 29); it used to be stored after them. peft still
+    makes the adapters in the compute precision (the stored layers' compute_dtype), so both
+    ways start from the same adapters and end in the same LoRA, bit for bit."""
+    from safetensors.torch import load_file
+
+    from trainer.models import flow_single_file
+
+    model = {**single_file_model(tmp_path, family), "base_precision": "fp8"}
+    streaming = flow_single_file.load_flow_components
+    files: dict[str, dict[str, torch.Tensor]] = {}
+    for when in ("at load", "after the adapters"):
+        if when == "after the adapters":
+            monkeypatch.setattr(flow_single_file, "load_flow_components",
+                                lambda *a, **k: streaming(*a, **{**k, "fp8_transformer": False}))
+        cfg = flow_config(tmp_path / when, family, model=model,
+                          training={"max_train_steps": 2, "mixed_precision": "bf16"})
+        result = run(cfg, ListSink())
+        assert result.status == "finished", result.error
+        files[when] = load_file(result.output_path)
+    assert files["at load"].keys() == files["after the adapters"].keys()
+    for key, tensor in files["at load"].items():
+        assert torch.equal(tensor, files["after the adapters"][key]), key

@@ -202,3 +202,62 @@ def test_fp8_storage_keeps_every_compute_copy_without_checkpointing_and_none_wit
     assert kept == all_layers
     kept, _ = _saved_bf16_weight_bytes(checkpointing=True)
     assert kept == 0
+
+
+@pytest.mark.parametrize("shipped", [FP8, torch.bfloat16])
+def test_the_loader_streams_the_transformer_into_fp8_storage(tmp_path, monkeypatch, shipped):
+    """model.base_precision = "fp8" on a FLUX.1 single file: the transformer streams from the
+    file group by group and each group's stored weights are fp8 as soon as they are filled, so
+    no full-width copy of the transformer is ever held (issue 29); the result equals the
+    bf16-built transformer stored in fp8 afterwards, bit for bit."""
+    import shutil
+
+    from trainer.export.flow_checkpoint import save_flow_checkpoint
+    from trainer.models import flow_single_file as fsf
+    from trainer.models import streamed_load
+    from trainer.models.flow_single_file import load_flow_components
+    from trainer.models.memory import fp8_layers
+    from trainer.models.tiny_flow import save_tiny_flow_model
+
+    folder = save_tiny_flow_model(tmp_path / "flux", family="flux")
+    configs = tmp_path / "configs"
+    shutil.copytree(folder, configs, ignore=shutil.ignore_patterns("*.safetensors",
+                                                                    "tokenizer*"))
+    original = FluxPipeline.from_pretrained(folder, local_files_only=True).components
+    path = save_flow_checkpoint(tmp_path / "flux.safetensors", original, "flux1-dev",
+                                parts=["transformer", "vae", "clip_l", "t5xxl"], dtype=shipped)
+    load = dict(config_dir=str(configs), tokenizer=str(folder), dtype=torch.bfloat16)
+    monkeypatch.setattr(streamed_load, "GROUP_BYTES", 4096)  # many groups on a tiny model
+    taken, wide = [], []
+    real_take, real_after = fsf.Weights.take, fsf._fp8_as_filled
+
+    def take(self, prefix, *args, **kwargs):
+        taken.append(prefix)
+        return real_take(self, prefix, *args, **kwargs)
+
+    def after(dtype):
+        inner = real_after(dtype)
+
+        def spy(model, names):
+            inner(model, names)
+            stored = {f"{n}.{p}" for n, m in fp8_layers(model)
+                      for p, _ in m.named_parameters(recurse=False)}
+            wide.append(sum(t.numel() for n, t in model.named_parameters()
+                            if n in stored and t.device.type != "meta" and t.dtype != FP8))
+        return spy
+
+    monkeypatch.setattr(fsf.Weights, "take", take)
+    monkeypatch.setattr(fsf, "_fp8_as_filled", after)
+    streamed = load_flow_components(path, **load, fp8_transformer=True)["transformer"]
+    assert "model.diffusion_model." not in taken  # streamed, not read whole
+    assert len(wide) > 10 and max(wide) == 0  # every group stored in fp8 as it arrived
+    monkeypatch.undo()
+    reference = load_flow_components(path, **load)["transformer"]
+    store_fp8(reference.requires_grad_(False), torch.bfloat16)
+    got, want = streamed.state_dict(), reference.state_dict()
+    assert got.keys() == want.keys()
+    for key in got:
+        assert got[key].dtype == want[key].dtype, key
+        a, b = (t.view(torch.uint8) if t.dtype == FP8 else t for t in (got[key], want[key]))
+        assert torch.equal(a, b), key
+    assert sum(t.dtype == FP8 for t in got.values()) > len(got) // 2

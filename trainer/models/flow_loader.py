@@ -118,7 +118,8 @@ def load_flow_file(path: Path, section: Any, dtype: Any = None) -> dict[str, Any
     parts = load_flow_components(path, ae=section.ae, clip_l=section.clip_l,
                                  clip_g=section.clip_g, t5xxl=section.t5xxl,
                                  config_dir=section.config_dir, tokenizer=section.tokenizer,
-                                 dtype=dtype or torch.float32)
+                                 dtype=dtype or torch.float32,
+                                 fp8_transformer=section.base_precision == "fp8")
     transformer = parts.pop("transformer")
     return dict(parts, unet=transformer, noise_scheduler=parts.pop("scheduler"),
                 version=info.version, variant=info.variant, prediction_type="flow",

@@ -155,26 +155,53 @@ class ComputeCopies:
         self.stored = {}
 
 
+def fp8_layers(module: torch.nn.Module, skip: tuple[str, ...] = SKIP_PATTERNS
+               ) -> list[tuple[str, torch.nn.Module]]:
+    """The layers of ``module`` that fp8 storage holds: its Linear, Conv and Embedding layers
+    outside the skipped patterns, the model's own fp32 list and peft's adapters."""
+    patterns = skip + tuple(getattr(module, "_keep_in_fp32_modules", None) or ()) \
+        + _peft_patterns()
+    return [(name, layer) for name, layer in module.named_modules()
+            if isinstance(layer, CAST_LAYERS)
+            and not any(_skipped(n, patterns) for n in (name, *_ancestors(name)))]
+
+
 def store_fp8(module: torch.nn.Module, compute_dtype: torch.dtype,
               skip: tuple[str, ...] = SKIP_PATTERNS) -> int:
     """Frozen Linear / Conv weights of ``module`` stored in fp8 and computed from a copy in
     ``compute_dtype`` at each forward (:class:`ComputeCopies`); the skipped patterns, the
-    model's own fp32 list, peft's adapters and every layer that trains stay as they are.
-    Returns how many layers it stores."""
-    patterns = skip + tuple(getattr(module, "_keep_in_fp32_modules", None) or ()) \
-        + _peft_patterns()
+    model's own fp32 list, peft's adapters and every layer that trains stay as they are, and
+    so does a layer stored already (by the loader, trainer/models/flow_single_file.py).
+    Returns how many layers it stores now."""
     count = 0
-    for name, layer in module.named_modules():
-        if (not isinstance(layer, CAST_LAYERS) or _skipped(name, patterns)
-                or any(_skipped(n, patterns) for n in _ancestors(name))
-                or any(p.requires_grad for p in layer.parameters())):
+    for _, layer in fp8_layers(module, skip):
+        if getattr(layer, "_fp8_copies", None) is not None \
+                or any(p.requires_grad for p in layer.parameters()):
             continue
         layer.to(FP8)
         copies = ComputeCopies(compute_dtype)
         layer.register_forward_pre_hook(copies.before)
         layer.register_forward_hook(copies.after, always_call=True)
+        layer._fp8_copies = copies
+        # peft gives a layer with a compute_dtype (bitsandbytes' convention) adapters in that
+        # dtype, not in its weight's: a LoRA on a layer stored at load is made as on bf16
+        layer.compute_dtype = compute_dtype
         count += 1
     return count
+
+
+def to_compute_dtype(module: torch.nn.Module, dtype: torch.dtype) -> None:
+    """``module.to(dtype)``, but for the weights that are stored in fp8 already."""
+    if not any(p.dtype == FP8 for p in module.parameters()):
+        module.to(dtype)
+        return
+    for sub in module.modules():
+        for param in sub._parameters.values():
+            if param is not None and param.dtype.is_floating_point and param.dtype != FP8:
+                param.data = param.data.to(dtype)
+        for name, buf in sub._buffers.items():
+            if buf is not None and buf.dtype.is_floating_point:
+                sub._buffers[name] = buf.to(dtype)
 
 
 def _ancestors(name: str) -> list[str]:
@@ -253,7 +280,7 @@ class MemoryPlan:
                 "checkpointing on", "warning")
         for module in self.held:
             if self.dtype != torch.float32:
-                module.to(self.dtype)
+                to_compute_dtype(module, self.dtype)
         if self.base in QUANTIZED:
             count = quantize_linears(self.model.unet, self.base, self.dtype, self.device)
             log(f"Base weights: {count} Linear layers of the denoiser in {self.base} "

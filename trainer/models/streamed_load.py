@@ -32,7 +32,8 @@ from trainer.models.meta_recipes import Recorder
 
 GROUP_BYTES = 64 * 2**20  # tensors handed over together (the UNet's largest is 13 MiB in fp16)
 DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
-          "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32, "I16": torch.int16,
+          "BF16": torch.bfloat16, "F8_E4M3": torch.float8_e4m3fn,
+          "F8_E5M2": torch.float8_e5m2, "I64": torch.int64, "I32": torch.int32, "I16": torch.int16,
           "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
 _PATCH_LOCK = threading.Lock()  # the GUI's runner may load while another thread inspects
 
@@ -114,9 +115,11 @@ def _groups(state_dict: dict[str, Any]) -> Iterator[list[tuple[str, Any]]]:
 
 
 @contextmanager
-def streamed(reader: SafetensorsReader, sources: dict[str, torch.Tensor]) -> Iterator[None]:
+def streamed(reader: SafetensorsReader, sources: dict[str, torch.Tensor],
+             after: Optional[Callable[[Any, list[str]], None]] = None) -> Iterator[None]:
     """While inside, diffusers' single-file loaders fill their meta-built models a group of
-    tensors at a time, read from ``reader`` for the meta tensors in ``sources``."""
+    tensors at a time, read from ``reader`` for the meta tensors in ``sources``; ``after(model,
+    names)`` runs on each group's parameters once they are filled (fp8 storage casts them)."""
     from diffusers.loaders import single_file_model, single_file_utils
 
     by_id = {id(t): k for k, t in sources.items()}
@@ -132,6 +135,8 @@ def streamed(reader: SafetensorsReader, sources: dict[str, torch.Tensor]) -> Ite
             for group in _groups(state_dict):
                 original(model, {n: _resolve(v, by_id, reader, recorder) for n, v in group},
                          *args, **kwargs)
+                if after is not None:
+                    after(model, [n for n, _ in group])
         finally:
             recorder.active = True
         return []
@@ -157,11 +162,11 @@ def _resolve_check(value: Any, by_id: dict[int, str]) -> bool:
 
 
 def load_streamed(reader: SafetensorsReader, keys: list[str],
-                  build: Callable[[dict[str, torch.Tensor]], torch.nn.Module]
-                  ) -> torch.nn.Module:
+                  build: Callable[[dict[str, torch.Tensor]], torch.nn.Module],
+                  after: Optional[Callable[[Any, list[str]], None]] = None) -> torch.nn.Module:
     """``build`` (a diffusers single-file loader called with a dict) run on meta tensors of
-    ``keys``, filled from the file as it loads; raises :class:`NotStreamable` before any weight
-    is read when the conversion computes tensors."""
+    ``keys``, filled from the file as it loads (``after``: see :func:`streamed`); raises
+    :class:`NotStreamable` before any weight is read when the conversion computes tensors."""
     sources = reader.meta(keys)
-    with streamed(reader, sources):
+    with streamed(reader, sources, after):
         return build(sources)
