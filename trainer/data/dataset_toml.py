@@ -44,7 +44,8 @@ SUBSET_KEYS = ("image_dir", "is_reg", "alpha_mask", "conditioning_data_dir")
 FROM_SECTION = ("caption_extension", "shuffle_caption", "keep_tokens", "enable_wildcard",
                 "caption_prefix", "caption_suffix", "caption_dropout_rate",
                 "caption_tag_dropout_rate", "flip_aug", "color_aug", "random_crop", "resolution",
-                "enable_bucket", "min_bucket_reso", "max_bucket_reso", "bucket_reso_steps", "bucket_no_upscale", "alpha_mask")
+                "enable_bucket", "min_bucket_reso", "max_bucket_reso", "bucket_reso_steps",
+                "bucket_no_upscale", "alpha_mask")
 UNSUPPORTED = {  # sd-scripts' options that this trainer does not have, and what to do instead
     "metadata_file": "fine-tuning subsets (a metadata JSON); use image_dir with caption files "
                      "beside the images",
