@@ -87,20 +87,21 @@ def test_a_forward_that_raises_puts_the_stored_weights_back():
     assert layer(torch.randn(2, 4)).dtype == torch.float32
 
 
-def _matrix(family: str, env: dict[str, str], tmp_path: Path) -> dict[str, str]:
-    """Each precision x checkpointing combination of ``family`` trained for one step with fp8
-    base weights, in a subprocess with ``env`` added: {combination: 'finished' or the error}."""
-    out = tmp_path / "matrix.json"
-    cmd = [sys.executable, str(HERE / "fp8_matrix.py"), family, str(tmp_path), str(out)]
-    proc = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True,
-                          timeout=600)
+@pytest.fixture(scope="module", params=["this-cpu", "avx2"])
+def matrix(request, tmp_path_factory) -> dict[str, dict[str, str]]:
+    """Each family x precision x checkpointing trained for one step with fp8 base weights, in
+    one subprocess per kernel path: {family: {combination: 'finished' or the error}}."""
+    work = tmp_path_factory.mktemp(f"fp8-{request.param}")
+    out = work / "matrix.json"
+    cmd = [sys.executable, str(HERE / "fp8_matrix.py"), ",".join(FAMILIES), str(work), str(out)]
+    env = {**os.environ, **(AVX2 if request.param == "avx2" else {})}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())
 
 
-@pytest.mark.parametrize("path", ["this-cpu", "avx2"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_fp8_base_trains_every_family_in_every_precision(tmp_path, family, path):
-    results = _matrix(family, AVX2 if path == "avx2" else {}, tmp_path)
+def test_fp8_base_trains_every_family_in_every_precision(matrix, family):
+    results = matrix[family]
     assert len(results) == 6, results  # (no, bf16, auto) x (checkpointing off, on)
     assert all(r == "finished" for r in results.values()), results
