@@ -208,15 +208,16 @@ def test_fp8_storage_keeps_every_compute_copy_without_checkpointing_and_none_wit
 def test_the_loader_streams_the_transformer_into_fp8_storage(tmp_path, monkeypatch, shipped):
     """model.base_precision = "fp8" on a FLUX.1 single file: the transformer streams from the
     file group by group and each group's stored weights are fp8 as soon as they are filled, so
-    no full-width copy of the transformer is ever held (issue 29); the result equals the
-    bf16-built transformer stored in fp8 afterwards, bit for bit."""
+    no full-width copy of the transformer is ever held (issue 29); T5 with fp8_t5 likewise, a
+    group at a time. The result equals the bf16-built modules stored in fp8 afterwards, bit for
+    bit."""
     import shutil
 
     from trainer.export.flow_checkpoint import save_flow_checkpoint
-    from trainer.models import flow_single_file as fsf
+    from trainer.models import flow_parts as fsf
     from trainer.models import streamed_load
     from trainer.models.flow_single_file import load_flow_components
-    from trainer.models.memory import fp8_layers
+    from trainer.models.memory import T5_SKIP, fp8_layers
     from trainer.models.tiny_flow import save_tiny_flow_model
 
     folder = save_tiny_flow_model(tmp_path / "flux", family="flux")
@@ -248,16 +249,19 @@ def test_the_loader_streams_the_transformer_into_fp8_storage(tmp_path, monkeypat
 
     monkeypatch.setattr(fsf.Weights, "take", take)
     monkeypatch.setattr(fsf, "_fp8_as_filled", after)
-    streamed = load_flow_components(path, **load, fp8_transformer=True)["transformer"]
-    assert "model.diffusion_model." not in taken  # streamed, not read whole
+    streamed = load_flow_components(path, **load, fp8_transformer=True, fp8_t5=True)
+    assert taken == ["vae."]  # the transformer streamed, the text encoders group by group
     assert len(wide) > 10 and max(wide) == 0  # every group stored in fp8 as it arrived
     monkeypatch.undo()
-    reference = load_flow_components(path, **load)["transformer"]
-    store_fp8(reference.requires_grad_(False), torch.bfloat16)
-    got, want = streamed.state_dict(), reference.state_dict()
-    assert got.keys() == want.keys()
-    for key in got:
-        assert got[key].dtype == want[key].dtype, key
-        a, b = (t.view(torch.uint8) if t.dtype == FP8 else t for t in (got[key], want[key]))
-        assert torch.equal(a, b), key
-    assert sum(t.dtype == FP8 for t in got.values()) > len(got) // 2
+    reference = load_flow_components(path, **load)
+    store_fp8(reference["transformer"].requires_grad_(False), torch.bfloat16)
+    store_fp8(reference["text_encoder_2"].requires_grad_(False), torch.bfloat16, T5_SKIP)
+    for part in ("transformer", "text_encoder_2", "text_encoder", "vae"):
+        got, want = streamed[part].state_dict(), reference[part].state_dict()
+        assert got.keys() == want.keys()
+        for key in got:
+            assert got[key].dtype == want[key].dtype, (part, key)
+            a, b = (t.view(torch.uint8) if t.dtype == FP8 else t for t in (got[key], want[key]))
+            assert torch.equal(a, b), (part, key)
+        stored = sum(t.dtype == FP8 for t in got.values())
+        assert stored > len(got) // 2 if part in ("transformer", "text_encoder_2") else not stored

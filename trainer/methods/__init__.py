@@ -30,6 +30,7 @@ class MethodUnavailable(ValueError):
 
 class TrainingMethod(Protocol):
     trains_text_encoder: bool
+    trains_t5: bool  # FLUX.1 / SD 3.5's T5 (its fp8 storage may then not begin at the load)
 
     def prepare(self, model: Any) -> list[dict[str, Any]]: ...
 

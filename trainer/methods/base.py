@@ -40,10 +40,17 @@ class MethodBase:
                   "text_encoder_2": (net.train_text_encoder if net.train_text_encoder_2 is None
                                      else net.train_text_encoder_2,
                                      opt.text_encoder_2_lr or lr),
-                  family.t5_slot(): (net.train_t5xxl and net.train_text_encoder, lr)}
+                  family.t5_slot(): (self.trains_t5, lr)}
         return [(name, encoder, wanted[name][1])
                 for name, encoder, _ in family.text_encoders(model)
                 if wanted[name][0]]
+
+    @property
+    def trains_t5(self) -> bool:
+        """Whether this run trains the T5 of FLUX.1 / SD 3.5 (``network.train_t5xxl``, with the
+        text encoder's learning rate: ``network.train_text_encoder`` too)."""
+        net = self.cfg.network
+        return net.train_t5xxl and net.train_text_encoder
 
     def whole_modules(self, model: Any) -> list[Any]:
         """The modules every weight of which this method trains (DreamBooth's): set-up keeps

@@ -91,9 +91,11 @@ def resolve_model_path(value: str) -> Path:
     return Path(value).expanduser()
 
 
-def load_base_model(section: ModelSection, dtype: Any = None) -> BaseModel:
+def load_base_model(section: ModelSection, dtype: Any = None,
+                    t5_frozen: bool = False) -> BaseModel:
     """The base model that ``section`` names; ``dtype``: the run's compute dtype, which a
-    FLUX.1 / SD 3.x single file is built in (the others load in fp32)."""
+    FLUX.1 / SD 3.x single file is built in (the others load in fp32); ``t5_frozen``: the run
+    does not train T5 (its fp8 storage may then begin at the load)."""
     lazy_diffusers.install()  # import only the UNet / transformer and autoencoder it uses
     path = resolve_model_path(section.pretrained_model_name_or_path)
     if not path.exists():
@@ -111,7 +113,7 @@ def load_base_model(section: ModelSection, dtype: Any = None) -> BaseModel:
         from trainer.models.flow_loader import is_flow_single_file, load_flow_file
 
         if is_flow_single_file(path):
-            model = BaseModel(**load_flow_file(path, section, dtype))
+            model = BaseModel(**load_flow_file(path, section, dtype, t5_frozen))
         else:
             model = _from_single_file(path, section)
         if cached is not None:

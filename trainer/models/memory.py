@@ -166,17 +166,27 @@ def fp8_layers(module: torch.nn.Module, skip: tuple[str, ...] = SKIP_PATTERNS
             and not any(_skipped(n, patterns) for n in (name, *_ancestors(name)))]
 
 
+def fp8_parameter_names(module: torch.nn.Module, skip: tuple[str, ...] = SKIP_PATTERNS
+                        ) -> set[str]:
+    """The names of the parameters that fp8 storage holds (those of :func:`fp8_layers`)."""
+    return {f"{name}.{param}" for name, layer in fp8_layers(module, skip)
+            for param, _ in layer.named_parameters(recurse=False)}
+
+
 def store_fp8(module: torch.nn.Module, compute_dtype: torch.dtype,
               skip: tuple[str, ...] = SKIP_PATTERNS) -> int:
     """Frozen Linear / Conv weights of ``module`` stored in fp8 and computed from a copy in
     ``compute_dtype`` at each forward (:class:`ComputeCopies`); the skipped patterns, the
     model's own fp32 list, peft's adapters and every layer that trains stay as they are, and
-    so does a layer stored already (by the loader, trainer/models/flow_single_file.py).
-    Returns how many layers it stores now."""
+    a layer stored already (by the loader, trainer/models/flow_single_file.py) now computes
+    in ``compute_dtype`` (the run's precision may be chosen after the load). Returns how many
+    layers it stores now."""
     count = 0
     for _, layer in fp8_layers(module, skip):
-        if getattr(layer, "_fp8_copies", None) is not None \
-                or any(p.requires_grad for p in layer.parameters()):
+        if getattr(layer, "_fp8_copies", None) is not None:  # stored: compute in this dtype
+            layer._fp8_copies.dtype = layer.compute_dtype = compute_dtype
+            continue
+        if any(p.requires_grad for p in layer.parameters()):
             continue
         layer.to(FP8)
         copies = ComputeCopies(compute_dtype)
@@ -281,6 +291,9 @@ class MemoryPlan:
         for module in self.held:
             if self.dtype != torch.float32:
                 to_compute_dtype(module, self.dtype)
+            if any(getattr(m, "_fp8_copies", None) for m in module.modules()):
+                # stored by the loader: computed in the run's precision
+                store_fp8(module, self.dtype, T5_SKIP if module is self.t5 else SKIP_PATTERNS)
         if self.base in QUANTIZED:
             count = quantize_linears(self.model.unet, self.base, self.dtype, self.device)
             log(f"Base weights: {count} Linear layers of the denoiser in {self.base} "

@@ -102,7 +102,7 @@ def prepare(s: Session, out: Reporter) -> None:
         s.data = prepare_dataset(s.cfg, warn=lambda m: out.log(m, "warning"))
         out.check_stop()
         with library_imports():  # the GUI's advisor may import the same classes at once
-            s.model = load_base_model(s.cfg.model, s.dtype)
+            s.model = load_base_model(s.cfg.model, s.dtype, t5_frozen=not s.method.trains_t5)
     s.model.prompt_options = PromptOptions.from_config(s.cfg.dataset)  # long / weighted captions
     out.check_stop()
     out.log(f"Base model: {s.model.source} ({s.model.description or s.model.version})")
