@@ -25,10 +25,14 @@ NAME = "tiny-flux-lora"
 def choose_flux_preset(view: Page) -> None:
     view.click("#lora-preset input")
     view.get_by_role("option", name="tiny-flux", exact=True).click()
+    # the page opens with the default preset's "Loaded preset" message: wait for this one's,
+    # and for its model in the field (a loaded machine drew them after the old message once)
     view.wait_for_function(
-        "() => document.querySelector('#lora-file-msg').innerText.includes('Loaded preset')")
-    assert text_input(view, "lora-model-pretrained_model_name_or_path").input_value() \
-        == "embedded:tiny-flux"
+        "() => document.querySelector('#lora-file-msg').innerText.includes('`tiny-flux`')"
+        " || document.querySelector('#lora-file-msg').innerText.includes('tiny-flux.toml')")
+    view.wait_for_function(
+        "() => document.querySelector('#lora-model-pretrained_model_name_or_path input, "
+        "#lora-model-pretrained_model_name_or_path textarea')?.value === 'embedded:tiny-flux'")
     assert text_input(view, "lora-saving-output_name").input_value() == NAME
 
 
