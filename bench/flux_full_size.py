@@ -167,7 +167,7 @@ def main() -> None:
         files = {n: (Path(args.load) / f).stat().st_size for n, f in FILES.items()}
         result = run_child(__file__, ["load", args.load, args.base, args.dtype],
                            HF_HUB_OFFLINE="1")
-        print(f"stored: " + ", ".join(f"{n} {b / 2**30:.2f} GiB" for n, b in files.items())
+        print("stored: " + ", ".join(f"{n} {b / 2**30:.2f} GiB" for n, b in files.items())
               + f" ({sum(files.values()) / 2**30:.2f} GiB)")
         print(f"load with base_precision={args.base}, fp8 T5, {args.dtype}: "
               f"{result['seconds']} s, peak RSS {result['peak_rss_mib'] / 1024:.2f} GiB; held "
