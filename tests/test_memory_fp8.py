@@ -110,6 +110,24 @@ def test_fp8_storage_keeps_norms_embeddings_and_adapters_and_computes_the_same(t
     assert torch.equal(got, want)
 
 
+def tiny_flux_file(tmp_path, dtype):
+    """The embedded tiny FLUX.1 as one all-in-one file in ``dtype``, a folder of its configs
+    (no weights), its diffusers folder and its components: (file, configs, folder, parts)."""
+    import shutil
+
+    from trainer.export.flow_checkpoint import save_flow_checkpoint
+    from trainer.models.tiny_flow import save_tiny_flow_model
+
+    folder = save_tiny_flow_model(tmp_path / "flux", family="flux")
+    configs = tmp_path / "configs"
+    shutil.copytree(folder, configs, ignore=shutil.ignore_patterns("*.safetensors",
+                                                                    "tokenizer*"))
+    original = FluxPipeline.from_pretrained(folder, local_files_only=True).components
+    path = save_flow_checkpoint(tmp_path / "flux.safetensors", original, "flux1-dev",
+                                parts=["transformer", "vae", "clip_l", "t5xxl"], dtype=dtype)
+    return path, configs, folder, original
+
+
 def test_dreambooth_refuses_a_low_precision_base(tmp_path):
     with pytest.raises(ValueError, match="model.base_precision"):
         from_dict({"mode": "dreambooth", "model": {"base_precision": "fp8"}})
@@ -119,19 +137,11 @@ def test_an_fp8_checkpoint_is_stored_as_shipped(tmp_path):
     """A FLUX.1 single file shipped in fp8, loaded at the compute dtype and stored in fp8 by
     model.base_precision = "fp8": every cast weight is the file's fp8 tensor, bit for bit
     (e4m3 -> bf16 -> e4m3 is exact)."""
-    import shutil
 
-    from trainer.export.flow_checkpoint import flow_state_dict, save_flow_checkpoint
+    from trainer.export.flow_checkpoint import flow_state_dict
     from trainer.models.flow_single_file import load_flow_components
-    from trainer.models.tiny_flow import save_tiny_flow_model
 
-    folder = save_tiny_flow_model(tmp_path / "flux", family="flux")
-    configs = tmp_path / "configs"
-    shutil.copytree(folder, configs, ignore=shutil.ignore_patterns("*.safetensors",
-                                                                    "tokenizer*"))
-    original = FluxPipeline.from_pretrained(folder, local_files_only=True).components
-    path = save_flow_checkpoint(tmp_path / "flux-fp8.safetensors", original, "flux1-dev",
-                                parts=["transformer", "vae", "clip_l", "t5xxl"], dtype=FP8)
+    path, configs, folder, original = tiny_flux_file(tmp_path, FP8)
     shipped = flow_state_dict({"transformer": original["transformer"]}, "flux1-dev")
     shipped = {k: v.to(FP8) for k, v in shipped.items()}
     transformer = load_flow_components(path, config_dir=str(configs), tokenizer=str(folder),
@@ -211,22 +221,13 @@ def test_the_loader_streams_the_transformer_into_fp8_storage(tmp_path, monkeypat
     no full-width copy of the transformer is ever held (issue 29); T5 with fp8_t5 likewise, a
     group at a time. The result equals the bf16-built modules stored in fp8 afterwards, bit for
     bit."""
-    import shutil
 
-    from trainer.export.flow_checkpoint import save_flow_checkpoint
     from trainer.models import flow_parts as fsf
     from trainer.models import streamed_load
     from trainer.models.flow_single_file import load_flow_components
     from trainer.models.memory import T5_SKIP, fp8_layers
-    from trainer.models.tiny_flow import save_tiny_flow_model
 
-    folder = save_tiny_flow_model(tmp_path / "flux", family="flux")
-    configs = tmp_path / "configs"
-    shutil.copytree(folder, configs, ignore=shutil.ignore_patterns("*.safetensors",
-                                                                    "tokenizer*"))
-    original = FluxPipeline.from_pretrained(folder, local_files_only=True).components
-    path = save_flow_checkpoint(tmp_path / "flux.safetensors", original, "flux1-dev",
-                                parts=["transformer", "vae", "clip_l", "t5xxl"], dtype=shipped)
+    path, configs, folder, _ = tiny_flux_file(tmp_path, shipped)
     load = dict(config_dir=str(configs), tokenizer=str(folder), dtype=torch.bfloat16)
     monkeypatch.setattr(streamed_load, "GROUP_BYTES", 4096)  # many groups on a tiny model
     taken, wide = [], []
