@@ -240,8 +240,8 @@ def run_all(args, configs: list, peers: Path, scripts: Path, work: Path) -> list
     if args.threads:  # the same for every tool (the README's rule: say how many)
         env_peers["OMP_NUM_THREADS"] = str(args.threads)
     env_studio = {**env_peers, "HF_HUB_OFFLINE": "1", "TQDM_MININTERVAL": "0",
-                  "KOHYA_STUDIO_PROGRESS": "bar",
-                  "PYTHONUNBUFFERED": "1", "KOHYA_STUDIO_CACHE": str(args.studio_cache)}
+                  "KOHYA_STUDIO_PROGRESS": "bar", "PYTHONUNBUFFERED": "1",
+                  "KOHYA_STUDIO_CACHE": str(args.studio_cache)}
     extra = {"sd-scripts": args.ss_args, "diffusers": args.df_args}
     for model, resolution, variant, rep in plan(args, configs):
         tag = "warmup" if rep == 0 else f"r{rep}"

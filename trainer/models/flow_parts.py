@@ -24,7 +24,7 @@ import json
 import math
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -175,8 +175,7 @@ def build_transformer(weights: Weights, info: FlowFileInfo, root: Path, dtype: t
 
 def _fp8_as_filled(dtype: torch.dtype) -> Any:
     """``after`` for :func:`load_streamed`: each group's weights that fp8 storage holds are cast
-    to fp8 as soon as they are filled, the others to ``dtype`` (one group at most is held at
-    a wider precision)."""
+    to fp8 as soon as they are filled (one group at most is held in ``dtype``)."""
     from trainer.models.memory import fp8_parameter_names
 
     stored: list[set[str]] = []
@@ -184,27 +183,19 @@ def _fp8_as_filled(dtype: torch.dtype) -> Any:
     def after(model: torch.nn.Module, names: list[str]) -> None:
         if not stored:
             stored.append(fp8_parameter_names(model))
-        _to_fp8(model, names, stored[0], dtype)
+        _to_fp8(model, names, stored[0])
 
     return after
 
 
-def _to_fp8(model: torch.nn.Module, names: Iterable[str], stored: set[str],
-            others: Optional[torch.dtype] = None) -> None:
-    """The ``stored`` ones of ``names`` cast to fp8; with ``others``, the rest to it."""
+def _to_fp8(model: torch.nn.Module, names: Iterable[str], stored: set[str]) -> None:
+    """The ``stored`` ones of ``names`` cast to fp8."""
     from trainer.models.memory import FP8
 
     for name in names:
         if name in stored:
             param = model.get_parameter(name)
             param.data = param.data.to(FP8)
-        elif others is not None:
-            try:
-                param = model.get_parameter(name)
-            except AttributeError:  # a buffer: to_compute_dtype casts those at the end
-                continue
-            if param.dtype.is_floating_point and param.dtype != others:
-                param.data = param.data.to(others)
 
 
 def build_vae(weights: Weights, prefix: str, root: Path, dtype: torch.dtype):
