@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from diffusers import FluxPipeline, StableDiffusionXLPipeline
+from torch.utils._python_dispatch import TorchDispatchMode
 from train_helpers import one_image_dataset, small_config
 
 from trainer.config.files import from_dict
@@ -214,45 +215,69 @@ def test_fp8_storage_keeps_every_compute_copy_without_checkpointing_and_none_wit
     assert kept == 0
 
 
+class Upcasts(TorchDispatchMode):
+    """Counts the elements of every full-width tensor an op makes from an fp8 one."""
+
+    def __init__(self):
+        super().__init__()
+        self.elements = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = [a for a in args if isinstance(a, torch.Tensor)]
+        if isinstance(out, torch.Tensor) and out.device.type == "cpu" and \
+                out.dtype.is_floating_point and out.dtype != FP8 and \
+                any(a.dtype == FP8 for a in inputs):
+            self.elements += out.numel()
+        return out
+
+
 @pytest.mark.parametrize("shipped", [FP8, torch.bfloat16])
 def test_the_loader_streams_the_transformer_into_fp8_storage(tmp_path, monkeypatch, shipped):
     """model.base_precision = "fp8" on a FLUX.1 single file: the transformer streams from the
-    file group by group and each group's stored weights are fp8 as soon as they are filled, so
-    no full-width copy of the transformer is ever held (issue 29); T5 with fp8_t5 likewise, a
-    group at a time. The result equals the bf16-built modules stored in fp8 afterwards, bit for
-    bit."""
+    file group by group and each group's stored weights are fp8 as soon as they are filled;
+    from an fp8 file they are never upcast at all: no full-width copy of a stored tensor is
+    made (only the weights that stay at full width are upcast), so the load never holds the
+    transformer at full width (issue 29); T5 with fp8_t5 likewise, a group at a time. The
+    result equals the bf16-built modules stored in fp8 afterwards, bit for bit."""
 
     from trainer.models import flow_parts as fsf
     from trainer.models import streamed_load
     from trainer.models.flow_single_file import load_flow_components
-    from trainer.models.memory import T5_SKIP, fp8_layers
+    from trainer.models.memory import T5_SKIP, fp8_parameter_names
 
     path, configs, folder, _ = tiny_flux_file(tmp_path, shipped)
     load = dict(config_dir=str(configs), tokenizer=str(folder), dtype=torch.bfloat16)
     monkeypatch.setattr(streamed_load, "GROUP_BYTES", 4096)  # many groups on a tiny model
+    monkeypatch.setattr(fsf, "GROUP_BYTES", 4096)
     taken, wide = [], []
-    real_take, real_after = fsf.Weights.take, fsf._fp8_as_filled
+    real_take, real_fill = fsf.Weights.take, streamed_load.fill
 
     def take(self, prefix, *args, **kwargs):
         taken.append(prefix)
         return real_take(self, prefix, *args, **kwargs)
 
-    def after(dtype):
-        inner = real_after(dtype)
-
-        def spy(model, names):
-            inner(model, names)
-            stored = {f"{n}.{p}" for n, m in fp8_layers(model)
-                      for p, _ in m.named_parameters(recurse=False)}
-            wide.append(sum(t.numel() for n, t in model.named_parameters()
-                            if n in stored and t.device.type != "meta" and t.dtype != FP8))
-        return spy
+    def fill(model, tensors, names, *args, **kwargs):
+        real_fill(model, tensors, names, *args, **kwargs)
+        wide.append(sum(t.numel() for n, t in model.named_parameters()
+                        if n in names and t.device.type != "meta" and t.dtype != FP8))
 
     monkeypatch.setattr(fsf.Weights, "take", take)
-    monkeypatch.setattr(fsf, "_fp8_as_filled", after)
-    streamed = load_flow_components(path, **load, fp8_transformer=True, fp8_t5=True)
+    monkeypatch.setattr(streamed_load, "fill", fill)
+    with Upcasts() as upcasts:
+        streamed = load_flow_components(path, **load, fp8_transformer=True, fp8_t5=True)
     assert taken == ["vae."]  # the transformer streamed, the text encoders group by group
     assert len(wide) > 10 and max(wide) == 0  # every group stored in fp8 as it arrived
+    full_width = sum(t.numel() for part, skip in (("transformer", None),
+                                                   ("text_encoder_2", T5_SKIP))
+                     for n, t in streamed[part].named_parameters()
+                     if n not in fp8_parameter_names(streamed[part], *([skip] if skip else [])))
+    if shipped == FP8:  # only what stays at full width was upcast (the VAE and CLIP too)
+        others = sum(t.numel() for part in ("vae", "text_encoder")
+                     for t in streamed[part].parameters())
+        assert 0 < upcasts.elements <= full_width + others
+    else:
+        assert upcasts.elements == 0
     monkeypatch.undo()
     reference = load_flow_components(path, **load)
     store_fp8(reference["transformer"].requires_grad_(False), torch.bfloat16)

@@ -24,7 +24,7 @@ import json
 import math
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -151,51 +151,46 @@ def build_transformer(weights: Weights, info: FlowFileInfo, root: Path, dtype: t
         config["num_attention_heads"] * config["attention_head_dim"] != FLUX_WIDTH
     where = f"model.pretrained_model_name_or_path = {str(weights.path)!r}"
 
-    def build(tensors: dict[str, torch.Tensor]) -> torch.nn.Module:
+    def build(tensors: dict[str, torch.Tensor], cast: bool = True) -> torch.nn.Module:
         tensors = {k[len(prefix):]: v for k, v in tensors.items()}
         return cls.from_single_file(flux_linear1(tensors, info) if split else tensors,
                                     config=str(root), subfolder="transformer",
-                                    local_files_only=True, torch_dtype=dtype)
+                                    local_files_only=True, torch_dtype=dtype if cast else None)
 
     try:
         try:
-            module = load_streamed(SafetensorsReader(weights.path), keys, build,
-                                   _fp8_as_filled(dtype) if fp8 else None)
+            # with fp8, diffusers fills in ``dtype`` but skips its closing model.to(dtype),
+            # which would upcast every stored weight at once
+            module = load_streamed(SafetensorsReader(weights.path), keys,
+                                   lambda t: build(t, cast=not fp8),
+                                   fp8_storage(dtype) if fp8 else None, dtype)
         except NotStreamable:
             module = build(weights.take(prefix, dtype, exclude=others if not prefix else ()))
     except Exception as exc:  # noqa: BLE001 - shape mismatches, missing keys, ...
         raise fail(where, "transformer", exc) from None
     module = complete(module, "transformer", where)
     if fp8:
-        from trainer.models.memory import store_fp8
+        from trainer.models.memory import store_fp8, to_compute_dtype
 
+        to_compute_dtype(module, dtype)  # the buffers that no tensor of the file filled
         store_fp8(module.requires_grad_(False), dtype)  # the hooks; cast what is not yet
     return module
 
 
-def _fp8_as_filled(dtype: torch.dtype) -> Any:
-    """``after`` for :func:`load_streamed`: each group's weights that fp8 storage holds are cast
-    to fp8 as soon as they are filled (one group at most is held in ``dtype``)."""
-    from trainer.models.memory import fp8_parameter_names
+def fp8_storage(dtype: torch.dtype, skip: Optional[tuple[str, ...]] = None) -> Any:
+    """The weights that fp8 storage holds (trainer/models/memory.py) arrive in fp8: an fp8
+    file's tensor as it is, another one cast by way of ``dtype`` (the values that storing a
+    ``dtype``-built model in fp8 gives)."""
+    from trainer.models.memory import FP8, fp8_parameter_names
+    from trainer.models.streamed_load import Storage
 
-    stored: list[set[str]] = []
+    def convert(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor if tensor.dtype == FP8 else tensor.to(dtype).to(FP8)
 
-    def after(model: torch.nn.Module, names: list[str]) -> None:
-        if not stored:
-            stored.append(fp8_parameter_names(model))
-        _to_fp8(model, names, stored[0])
+    def select(model: torch.nn.Module) -> set[str]:
+        return fp8_parameter_names(model, *(() if skip is None else (skip,)))
 
-    return after
-
-
-def _to_fp8(model: torch.nn.Module, names: Iterable[str], stored: set[str]) -> None:
-    """The ``stored`` ones of ``names`` cast to fp8."""
-    from trainer.models.memory import FP8
-
-    for name in names:
-        if name in stored:
-            param = model.get_parameter(name)
-            param.data = param.data.to(FP8)
+    return Storage(select, convert)
 
 
 def build_vae(weights: Weights, prefix: str, root: Path, dtype: torch.dtype):
@@ -249,7 +244,8 @@ def build_text_encoder(weights: Weights, prefix: str, encoder: str, info: FlowFi
     from accelerate import init_empty_weights
     from diffusers.models.model_loading_utils import load_model_dict_into_meta
 
-    from trainer.models.memory import T5_SKIP, fp8_parameter_names, store_fp8, to_compute_dtype
+    from trainer.models.memory import T5_SKIP, store_fp8, to_compute_dtype
+    from trainer.models.streamed_load import fill
 
     component = COMPONENTS[info.kind][encoder]
     where = f"{weights.setting} = {str(weights.path)!r}"
@@ -264,12 +260,12 @@ def build_text_encoder(weights: Weights, prefix: str, encoder: str, info: FlowFi
     files = {k[len(prefix):]: k for k in weights.keys if k.startswith(prefix)}
     named = _text_state(dict(files), model, encoder, identity)  # name -> file key or tensor
     wanted = set(model.state_dict())
-    stored = fp8_parameter_names(model, T5_SKIP) if fp8 else set()
+    storage = fp8_storage(dtype, T5_SKIP)
+    stored = storage.select(model) if fp8 else set()
     try:
         for group in _groups(weights, [(n, v) for n, v in named.items() if n in wanted]):
-            load_model_dict_into_meta(model, {n: weights.tensor(v) if isinstance(v, str) else v
-                                              for n, v in group}, dtype=dtype)
-            _to_fp8(model, (n for n, _ in group), stored)
+            fill(model, {n: weights.tensor(v) if isinstance(v, str) else v for n, v in group},
+                 stored, storage, load_model_dict_into_meta, dtype=dtype)
     except Exception as exc:  # noqa: BLE001
         raise fail(where, component, exc) from None
     if encoder == "t5xxl":

@@ -23,6 +23,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -114,29 +115,65 @@ def _groups(state_dict: dict[str, Any]) -> Iterator[list[tuple[str, Any]]]:
         yield group
 
 
+@dataclass
+class Storage:
+    """Weights that arrive in a storage dtype of their own (fp8 storage) rather than the
+    loader's: ``select(model)`` names them once the model is built; each is set as
+    ``convert(tensor)`` of the file's tensor, never cast to the loader's dtype first."""
+
+    select: Callable[[torch.nn.Module], set[str]]
+    convert: Callable[[torch.Tensor], torch.Tensor]
+
+
+def fill(model: torch.nn.Module, tensors: dict[str, torch.Tensor], names: set[str],
+         storage: Storage, load: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+    """``load(model, tensors, ...)`` (diffusers' ``load_model_dict_into_meta``) for all but
+    ``names``, which are set in their storage dtype (a full-width copy of them is never made)."""
+    from accelerate.utils import set_module_tensor_to_device
+
+    load(model, {n: t for n, t in tensors.items() if n not in names}, *args, **kwargs)
+    for name in names.intersection(tensors):
+        expected = tuple(model.get_parameter(name).shape)
+        if tuple(tensors[name].shape) != expected:
+            raise ValueError(f"{name}: the file's tensor has shape {tuple(tensors[name].shape)},"
+                             f" the model's {expected}")
+        value = storage.convert(tensors[name])
+        set_module_tensor_to_device(model, name, "cpu", value=value, dtype=value.dtype)
+
+
 @contextmanager
 def streamed(reader: SafetensorsReader, sources: dict[str, torch.Tensor],
-             after: Optional[Callable[[Any, list[str]], None]] = None) -> Iterator[None]:
+             storage: Optional[Storage] = None,
+             dtype: Optional[torch.dtype] = None) -> Iterator[None]:
     """While inside, diffusers' single-file loaders fill their meta-built models a group of
-    tensors at a time, read from ``reader`` for the meta tensors in ``sources``; ``after(model,
-    names)`` runs on each group's parameters once they are filled (fp8 storage casts them)."""
+    tensors at a time, read from ``reader`` for the meta tensors in ``sources``; the weights
+    that ``storage`` selects go straight into their storage dtype. ``dtype``: what the others
+    are filled in, for a loader called without ``torch_dtype`` (so that it does not cast the
+    whole model at its end, the stored weights included)."""
     from diffusers.loaders import single_file_model, single_file_utils
 
     by_id = {id(t): k for k, t in sources.items()}
     original = single_file_utils.load_model_dict_into_meta
     recorder = Recorder(set(by_id))  # what the conversion computes from the file's tensors
+    selected: dict[int, set[str]] = {}
 
     def load(model: Any, state_dict: dict[str, Any], *args: Any, **kwargs: Any) -> list[str]:
         if any(_resolve_check(v, by_id) and not recorder.knows(v) for v in state_dict.values()):
             raise NotStreamable("a converted tensor is computed, not a view of the file's")
         kwargs.pop("unexpected_keys", None)
+        if dtype is not None:
+            kwargs["dtype"] = dtype
+        if storage is not None and id(model) not in selected:
+            selected[id(model)] = storage.select(model)
         recorder.active = False
         try:
             for group in _groups(state_dict):
-                original(model, {n: _resolve(v, by_id, reader, recorder) for n, v in group},
-                         *args, **kwargs)
-                if after is not None:
-                    after(model, [n for n, _ in group])
+                tensors = {n: _resolve(v, by_id, reader, recorder) for n, v in group}
+                if storage is None:
+                    original(model, tensors, *args, **kwargs)
+                else:
+                    fill(model, tensors, selected[id(model)], storage, original, *args,
+                         **kwargs)
         finally:
             recorder.active = True
         return []
@@ -163,10 +200,12 @@ def _resolve_check(value: Any, by_id: dict[int, str]) -> bool:
 
 def load_streamed(reader: SafetensorsReader, keys: list[str],
                   build: Callable[[dict[str, torch.Tensor]], torch.nn.Module],
-                  after: Optional[Callable[[Any, list[str]], None]] = None) -> torch.nn.Module:
+                  storage: Optional[Storage] = None,
+                  dtype: Optional[torch.dtype] = None) -> torch.nn.Module:
     """``build`` (a diffusers single-file loader called with a dict) run on meta tensors of
-    ``keys``, filled from the file as it loads (``after``: see :func:`streamed`); raises
-    :class:`NotStreamable` before any weight is read when the conversion computes tensors."""
+    ``keys``, filled from the file as it loads (``storage``, ``dtype``: see :func:`streamed`);
+    raises :class:`NotStreamable` before any weight is read when the conversion computes
+    tensors."""
     sources = reader.meta(keys)
-    with streamed(reader, sources, after):
+    with streamed(reader, sources, storage, dtype):
         return build(sources)
