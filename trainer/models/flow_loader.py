@@ -98,14 +98,15 @@ def is_flow_single_file(path: Path) -> bool:
         return False  # the SD loader reports what is wrong with the file
 
 
-def load_flow_file(path: Path, section: Any, dtype: Any = None,
-                   t5_frozen: bool = False) -> dict[str, Any]:
+def load_flow_file(path: Path, section: Any, dtype: Any = None, t5_frozen: bool = False,
+                   defer_denoiser: bool = False) -> dict[str, Any]:
     """The BaseModel fields of a FLUX.1 / SD 3.x single file and the component files that
     ``model.ae`` / ``clip_l`` / ``clip_g`` / ``t5xxl`` name (trainer/models/flow_single_file.py);
     built in ``dtype`` (the run's compute dtype: a 12B FLUX.1 in fp32 is 48 GB), but for the
     weights that fp8 storage keeps, which load into fp8: the transformer's with
     ``model.base_precision = "fp8"``, T5's with ``model.fp8_text_encoders`` when the run does
-    not train it (``t5_frozen``)."""
+    not train it (``t5_frozen``). ``defer_denoiser``: the transformer is built later, by the
+    ``build_denoiser`` field (trainer/run/text_first.py)."""
     import torch
 
     from trainer.models.flow_families import detect_flow_file
@@ -124,9 +125,11 @@ def load_flow_file(path: Path, section: Any, dtype: Any = None,
                                  config_dir=section.config_dir, tokenizer=section.tokenizer,
                                  dtype=dtype or torch.float32,
                                  fp8_transformer=section.base_precision == "fp8",
-                                 fp8_t5=section.fp8_text_encoders and t5_frozen)
+                                 fp8_t5=section.fp8_text_encoders and t5_frozen,
+                                 defer_transformer=defer_denoiser)
     transformer = parts.pop("transformer")
     return dict(parts, unet=transformer, noise_scheduler=parts.pop("scheduler"),
+                build_denoiser=parts.pop("build_transformer", None),
                 version=info.version, variant=info.variant, prediction_type="flow",
                 source=str(path), name=path.stem, description=info.description,
                 t5_max_length=t5_length(info.version, info.variant,

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Optional
@@ -131,19 +132,34 @@ def _vae_prefix(weights: Weights) -> str:
     return ""
 
 
+def _transformer_later(path: Path, info: FlowFileInfo, conf: Optional[Path], fp8: bool
+                       ) -> Callable[[torch.dtype], Any]:
+    """``build(dtype)``: the file's transformer (see :func:`build_transformer`)."""
+
+    def build(dtype: torch.dtype) -> Any:
+        with ExitStack() as stack:
+            main = Weights(path, "model.pretrained_model_name_or_path")
+            return build_transformer(main, info, _transformer_root(info, conf, stack), dtype, fp8)
+
+    return build
+
+
 def load_flow_components(transformer_file: str | Path, *, ae: Optional[str] = None,
                          clip_l: Optional[str] = None, clip_g: Optional[str] = None,
                          t5xxl: Optional[str] = None, config_dir: Optional[str] = None,
                          tokenizer: Optional[str] = None,
                          dtype: torch.dtype = torch.float32,
-                         fp8_transformer: bool = False, fp8_t5: bool = False) -> dict[str, Any]:
+                         fp8_transformer: bool = False, fp8_t5: bool = False,
+                         defer_transformer: bool = False) -> dict[str, Any]:
     """The pipeline components of a FLUX.1 / SD 3.x single file; see the module's notes.
 
     ``ae``/``clip_l``/``clip_g``/``t5xxl`` are the settings ``model.ae`` ... (paths or None),
     ``config_dir`` ``model.config_dir``, ``tokenizer`` ``model.tokenizer``; ``dtype`` the
     dtype the modules are built in (fp8 files are upcast to it); ``fp8_transformer``
     (model.base_precision = "fp8") and ``fp8_t5`` (model.fp8_text_encoders, T5 not trained)
-    load the frozen transformer and T5 into fp8 storage instead.
+    load the frozen transformer and T5 into fp8 storage instead. ``defer_transformer``: the
+    transformer is not built now: ``transformer`` is None and ``build_transformer(dtype)``
+    builds it from the file later (so that T5 can be used and let go first).
     """
     from diffusers import FlowMatchEulerDiscreteScheduler
 
@@ -158,8 +174,11 @@ def load_flow_components(transformer_file: str | Path, *, ae: Optional[str] = No
         settings = {"vae": ae, "clip_l": clip_l, "clip_g": clip_g, "t5xxl": t5xxl}
         sources = _sources(info, main, settings)
         parts: dict[str, Any] = load_flow_tokenizers(info.family, tokenizer, path)
-        root = _transformer_root(info, conf, stack)
-        parts["transformer"] = build_transformer(main, info, root, dtype, fp8_transformer)
+        _transformer_root(info, conf, stack)  # a config it cannot build fails now
+        later = _transformer_later(path, info, conf, fp8_transformer)
+        parts["transformer"] = None if defer_transformer else later(dtype)
+        if defer_transformer:
+            parts["build_transformer"] = later
         weights, prefix = sources.pop("vae")
         parts["vae"] = build_vae(weights, _vae_prefix(weights) if prefix is None else prefix,
                                  _config_root(conf, "vae", info), dtype)

@@ -54,6 +54,7 @@ class BaseModel:
     variant: str = ""  # FLUX.1 "dev" / "schnell"; SD 3.x "5-large" / "5-medium" / "medium"
     t5_max_length: int = 0  # tokens of T5 per caption (the flow families)
     prompt_options: Any = None  # SD families: long / weighted / unpadded captions (long_prompts)
+    build_denoiser: Any = None  # (dtype) -> the denoiser, while ``unet`` is None (text_first)
 
     @property
     def denoiser(self) -> Any:
@@ -91,11 +92,13 @@ def resolve_model_path(value: str) -> Path:
     return Path(value).expanduser()
 
 
-def load_base_model(section: ModelSection, dtype: Any = None,
-                    t5_frozen: bool = False) -> BaseModel:
+def load_base_model(section: ModelSection, dtype: Any = None, t5_frozen: bool = False,
+                    defer_denoiser: bool = False) -> BaseModel:
     """The base model that ``section`` names; ``dtype``: the run's compute dtype, which a
     FLUX.1 / SD 3.x single file is built in (the others load in fp32); ``t5_frozen``: the run
-    does not train T5 (its fp8 storage may then begin at the load)."""
+    does not train T5 (its fp8 storage may then begin at the load); ``defer_denoiser``: a
+    FLUX.1 / SD 3.x single file's transformer is left unbuilt (``unet`` None) until
+    ``build_denoiser(dtype)`` is called (trainer/run/text_first.py)."""
     lazy_diffusers.install()  # import only the UNet / transformer and autoencoder it uses
     path = resolve_model_path(section.pretrained_model_name_or_path)
     if not path.exists():
@@ -113,7 +116,8 @@ def load_base_model(section: ModelSection, dtype: Any = None,
         from trainer.models.flow_loader import is_flow_single_file, load_flow_file
 
         if is_flow_single_file(path):
-            model = BaseModel(**load_flow_file(path, section, dtype, t5_frozen))
+            model = BaseModel(**load_flow_file(path, section, dtype, t5_frozen,
+                                               defer_denoiser and cached is None))
         else:
             model = _from_single_file(path, section)
         if cached is not None:

@@ -334,6 +334,7 @@ class MemoryPlan:
 def _t5_of(model: Any) -> Optional[torch.nn.Module]:
     for name in ("text_encoder_2", "text_encoder_3"):
         encoder = getattr(model, name, None)
-        if encoder is not None and type(encoder).__name__.startswith("T5"):
+        if encoder is not None and type(encoder).__name__.startswith("T5") and \
+                any(p.device.type != "meta" for p in encoder.parameters()):  # not released
             return encoder
     return None

@@ -62,12 +62,13 @@ def fill_latent_cache(s: Any, out: Any) -> None:
             model.vae.to("cpu")  # not needed on the device any more
 
 
-def fill_text_cache(s: Any, out: Any) -> None:
+def fill_text_cache(s: Any, out: Any, eager: bool = False) -> None:
     """Fill (or, on the CPU, set up) the text-encoder cache where it applies; on a GPU the
-    frozen text encoders then leave the device."""
+    frozen text encoders then leave the device. ``eager``: filled now on the CPU too (the
+    encoders are let go next: trainer/run/text_first.py)."""
     from trainer.data import cache_batches
 
-    ds, model, later = s.cfg.dataset, s.model, lazy(s)
+    ds, model, later = s.cfg.dataset, s.model, lazy(s) and not eager
     if caches_text(s):
         start, disk = time.time(), ds.cache_text_encoder_outputs_to_disk
         identity = _text_identity(s) if disk else ""
@@ -82,10 +83,10 @@ def fill_text_cache(s: Any, out: Any) -> None:
         if later:
             out.log(f"Text-encoder cache: {encoded} caption(s) to encode, each when the first "
                     f"epoch reaches it" + (", the rest read from disk" if disk else ""))
-        elif disk:
+        elif disk or eager:
             out.log(f"Text-encoder cache ready: {encoded} caption(s) encoded in "
                     f"{time.time() - start:.1f}s, the rest read from disk")
-        if not later:
+        if not later and not eager:
             _release_text_encoders(s, out)
 
 

@@ -20,7 +20,7 @@ import torch
 from trainer.config import TrainConfig
 from trainer.config.plan import StepPlan, plan_steps
 from trainer.events import Event
-from trainer.run import fsdp, full_fp16, fused_steps
+from trainer.run import fsdp, full_fp16, fused_steps, text_first
 from trainer.run.caches import fill_latent_cache, fill_text_cache
 from trainer.run.cpu_precision import choose_cpu_precision, cpu_bf16_norms
 from trainer.run.ema import NoEma, make_ema
@@ -102,7 +102,9 @@ def prepare(s: Session, out: Reporter) -> None:
         s.data = prepare_dataset(s.cfg, warn=lambda m: out.log(m, "warning"))
         out.check_stop()
         with library_imports():  # the GUI's advisor may import the same classes at once
-            s.model = load_base_model(s.cfg.model, s.dtype, t5_frozen=not s.method.trains_t5)
+            s.model = load_base_model(s.cfg.model, s.dtype, t5_frozen=not s.method.trains_t5,
+                                      defer_denoiser=text_first.applies(
+                                          s.cfg, s.method, s.data, s.device_info.backend))
     s.model.prompt_options = PromptOptions.from_config(s.cfg.dataset)  # long / weighted captions
     out.check_stop()
     out.log(f"Base model: {s.model.source} ({s.model.description or s.model.version})")
@@ -119,9 +121,11 @@ def prepare(s: Session, out: Reporter) -> None:
     with library_imports():
         s.model.vae.to(s.accelerator.device).eval()  # fp32: SD's VAE overflows in fp16
         fill_latent_cache(s, out)  # before the denoiser takes the device (trainer/run/caches.py)
+        encoded = text_first.encode_and_release(s, out)  # then the transformer is built
         groups = _place_and_inject(s, out)
     _compile(s, out)
-    fill_text_cache(s, out)
+    if not encoded:
+        fill_text_cache(s, out)
     out.check_stop()
     tr = s.cfg.training
     processes = s.accelerator.num_processes  # a step trains the global batch
@@ -214,7 +218,8 @@ def _networks(model: Any) -> list[Any]:
     """The UNet and the text encoder(s): what a method may train."""
     from trainer.models.conditioning import family_of
 
-    return [model.unet] + [enc for _, enc, _ in family_of(model).text_encoders(model)]
+    return [model.unet] + [enc for _, enc, _ in family_of(model).text_encoders(model)
+                           if not text_first.released(enc)]
 
 
 def _trained_modules(model: Any) -> list[Any]:

@@ -1,0 +1,132 @@
+"""A full-size FLUX.1-dev fp8 LoRA run to step 1, as a user on a 24 GiB machine would start it,
+with the peak host memory of each phase.
+
+    python bench/flux_full_size.py --build DIR      # the four files, once (~17.5 GB)
+    python bench/flux_full_train.py DIR [--avx2] [--dtype no|bf16]
+
+The run (issue 29's): the files of ``--build`` (the transformer in BFL's layout in fp8, ae,
+clip_l, T5-XXL in fp8), ``model.base_precision = "fp8"``, ``model.fp8_text_encoders``, LoRA rank
+4, 64 px, batch 1, ``t5xxl_max_token_length = 128``, gradient checkpointing, one step;
+``training.mixed_precision = --dtype`` ("no": fp32 compute). ``--avx2`` limits PyTorch's CPU
+kernels to AVX2, as on a CPU without bf16 units. The run is a fresh process; its peak RSS
+(VmHWM, reset at each phase's start through /proc/self/clear_refs) is printed per phase:
+
+- load: the text encoders and the VAE (the transformer waits: trainer/run/text_first.py);
+- text cache: every caption encoded, then the text encoders let go;
+- transformer: streamed from its file into fp8;
+- step 1: the adapters, the latents (encoded as the first epoch reaches them on the CPU) and
+  the first step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from childproc import ROOT, parse_or_run_child, run_child
+
+PHASES = [("Base model:", "load"), ("Text encoders released", "text cache"),
+          ("Transformer built", "transformer"), (None, "step 1")]
+
+
+def _peak_and_reset() -> float:
+    """VmHWM in MiB since the last reset, then reset (Linux: clear_refs 5)."""
+    with open("/proc/self/status", encoding="ascii") as f:
+        peak = next(int(line.split()[1]) for line in f if line.startswith("VmHWM"))
+    with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+        f.write("5")
+    return peak / 1024
+
+
+class Phases:
+    """An event sink that notes each phase's peak RSS and its seconds."""
+
+    def __init__(self) -> None:
+        self.index, self.start, self.done = 0, time.perf_counter(), []
+        _peak_and_reset()
+
+    def _end(self) -> None:
+        now = time.perf_counter()
+        self.done.append({"phase": PHASES[self.index][1], "seconds": round(now - self.start, 1),
+                          "peak_rss_mib": round(_peak_and_reset())})
+        self.index, self.start = self.index + 1, now
+
+    def emit(self, event) -> None:
+        from trainer.events import Log, Step
+
+        if isinstance(event, Log):
+            print(event.message, flush=True)
+        if self.index >= len(PHASES):
+            return
+        marker = PHASES[self.index][0]
+        if (marker is None and isinstance(event, Step)) or \
+                (marker and isinstance(event, Log) and event.message.startswith(marker)):
+            self._end()
+
+
+def train(folder: str, precision: str) -> dict:
+    sys.path.insert(0, str(ROOT))
+    from flux_full_size import FILES, _tokenizers
+    from PIL import Image
+
+    from trainer.config.files import from_dict
+    from trainer.run.loop import run
+
+    path, work = Path(folder), Path(tempfile.mkdtemp(prefix="flux-full-train-"))
+    images = work / "data" / "1_circle"
+    images.mkdir(parents=True)
+    Image.new("RGB", (64, 64), (200, 40, 40)).save(images / "circle.png")
+    (images / "circle.txt").write_text("a red square", encoding="utf-8")
+    cfg = from_dict({
+        "mode": "lora",
+        "model": {"pretrained_model_name_or_path": str(path / FILES["transformer"]),
+                  "ae": str(path / FILES["ae"]), "clip_l": str(path / FILES["clip_l"]),
+                  "t5xxl": str(path / FILES["t5xxl"]), "tokenizer": str(_tokenizers()),
+                  "base_precision": "fp8", "fp8_text_encoders": True,
+                  "t5xxl_max_token_length": 128},
+        "dataset": {"train_data_dir": str(work / "data"), "resolution": 64,
+                    "min_bucket_reso": 64, "max_bucket_reso": 64, "bucket_reso_steps": 64},
+        "network": {"network_dim": 4, "network_alpha": 4},
+        "training": {"max_train_steps": 1, "train_batch_size": 1, "mixed_precision": precision,
+                     "gradient_checkpointing": True},
+        "saving": {"output_dir": str(work / "out"), "save_precision": "bf16"}})
+    sink = Phases()
+    result = run(cfg, sink)
+    return {"status": result.status, "error": result.error, "phases": sink.done}
+
+
+def _case(folder: str, precision: str) -> dict:
+    return train(folder, precision)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("folder", nargs="?")
+    parser.add_argument("--dtype", default="no", choices=["no", "bf16"])
+    parser.add_argument("--avx2", action="store_true")
+    args = parse_or_run_child(parser, _case)
+    env = {"HF_HUB_OFFLINE": "1", "KOHYA_STUDIO_PROGRESS": "lines"}
+    if args.avx2:
+        env.update(ATEN_CPU_CAPABILITY="avx2", ONEDNN_MAX_CPU_ISA="AVX2")
+    stored = {n: (Path(args.folder) / f).stat().st_size / 2**30 for n, f in _files().items()}
+    result = run_child(__file__, [args.folder, args.dtype], **env)
+    print("stored: " + ", ".join(f"{n} {g:.2f} GiB" for n, g in stored.items()))
+    print(f"run: {result['status']}" + (f" ({result['error']})" if result["error"] else ""))
+    total = 0.0
+    for phase in result["phases"]:
+        total += phase["seconds"]
+        print(f"  {phase['phase']:<12} peak RSS {phase['peak_rss_mib'] / 1024:6.2f} GiB, "
+              f"{phase['seconds']:6.1f} s (at {total:.0f} s)")
+
+
+def _files() -> dict:
+    from flux_full_size import FILES
+
+    return FILES
+
+
+if __name__ == "__main__":
+    main()
