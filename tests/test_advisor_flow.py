@@ -128,3 +128,70 @@ def test_a_second_process_answers_from_the_disk_cache(tmp_path, monkeypatch):
     again = advise(cfg, CARD_16GB)
     assert time.perf_counter() - start < 2
     assert again.memory == first.memory and again.timing == first.timing
+
+
+def test_advise_reads_a_bfl_transformer_file_as_train_does(tmp_path):
+    """model_version = "auto" with FLUX.1's transformer alone in BFL's layout (and its ae,
+    clip_l, t5xxl files): the advisor reads the family and the shapes from the header, as train
+    does (issue 29: it used to refuse the file as an SD checkpoint without a UNet)."""
+    from test_flow_train import single_file_model
+
+    from trainer.advisor.flow_advice import flow_transformer_config
+
+    data = one_image_dataset(tmp_path / "data")
+    model = {**single_file_model(tmp_path, "flux1"), "model_version": "auto",
+             "base_precision": "fp8"}
+    cfg = from_dict({"model": model,
+                     "dataset": {"train_data_dir": str(data), "resolution": 64,
+                                 "min_bucket_reso": 64, "max_bucket_reso": 128,
+                                 "bucket_reso_steps": 64},
+                     "training": {"gradient_checkpointing": True}})
+    advice = advise(cfg, CARD_16GB)
+    assert not advice.problems, advice.problems
+    assert any(k.startswith("transformer weights (fp8") for k in dict(advice.memory.lines))
+    tiny = tiny_flow.build_flux_components()["transformer"].config
+    config = flow_transformer_config(cfg.model)
+    for key in ("num_layers", "num_single_layers", "num_attention_heads", "attention_head_dim",
+                "joint_attention_dim", "in_channels"):
+        assert config[key] == tiny[key], key
+
+
+def test_the_family_of_a_file_is_read_without_torch(tmp_path):
+    """The detection that train, advise and the GUI share reads the header alone and imports
+    no torch (the GUI and the doctor answer before torch is loaded)."""
+    import subprocess
+    import sys
+
+    from test_flow_train import single_file_model
+
+    path = single_file_model(tmp_path, "flux1")["pretrained_model_name_or_path"]
+    code = ("import sys\n"
+            "from trainer.models.flow_families import detect_flow_file, is_flow_path\n"
+            f"info = detect_flow_file({path!r})\n"
+            f"assert is_flow_path({path!r}) and not is_flow_path({str(tmp_path / 'ae.st')!r})\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\n"
+            "print(info.family, info.kind)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=str(__import__("pathlib").Path(__file__).parents[1]))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["flux1-dev", "flux"]
+
+
+@pytest.mark.parametrize("family,blocks", [("flux1", (3, 4)), ("sd3", (4, 0))])
+def test_the_step_time_counts_the_configured_t5_length(family, blocks):
+    """The text tokens of a step are the T5 length the run pads to (model.
+    t5xxl_max_token_length), not the family's default (issue 29: 128 counted as 512)."""
+    from trainer.advisor.flow_advice import flow_timing
+
+    config = _config(family, blocks)
+    option = FlowOption("fp8", None, 1, True)
+    image = (512 // 16) ** 2
+    clip = 0 if family == "flux1" else 77
+    flop = {}
+    for length in (None, 128):
+        cfg = from_dict({"model": {"t5xxl_max_token_length": length},
+                         "network": {"network_dim": 4}})
+        flop[length] = flow_timing(config, cfg, CARD_16GB, "bf16", (512, 512),
+                                   option).tflop_per_step
+    default = 512 if family == "flux1" else 256
+    assert flop[128] / flop[None] == pytest.approx((image + 128 + clip) / (image + default + clip))

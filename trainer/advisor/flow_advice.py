@@ -73,11 +73,21 @@ def flow_transformer_config(section: Any) -> Optional[dict]:
     if path.is_dir():
         config = path / "transformer" / "config.json"
         return json.loads(config.read_text(encoding="utf-8")) if config.is_file() else None
-    if path.suffix.lower() != ".safetensors" or section.model_version not in ("flux1", "sd3"):
-        return None
-    from trainer.models.flow_families import detect_flow_file
+    from trainer.models.flow_families import detect_flow_file, header_config, is_flow_path
 
-    folder = detect_flow_file(path).config_dir()
+    # model_version = "auto" reads the family from the header, as train does
+    if section.model_version not in ("flux1", "sd3") and not (
+            section.model_version == "auto" and is_flow_path(path)):
+        return None
+
+    info = detect_flow_file(path)  # the config the loader builds the transformer from
+    given = Path(section.config_dir).expanduser() / "transformer" / "config.json" \
+        if section.config_dir else None
+    if given is not None and given.is_file():
+        return json.loads(given.read_text(encoding="utf-8"))
+    if not info.published_size:
+        return header_config(info)
+    folder = info.config_dir()
     return json.loads((folder / "transformer" / "config.json").read_text(encoding="utf-8"))
 
 
@@ -132,7 +142,9 @@ def flow_timing(config: dict, cfg: Any, info: Any, precision: str, size: tuple[i
     """Forward (2 flop per weight and token), backward to the inputs (2 more), the
     recomputation with checkpointing (2 more); the swap's copies overlap the compute."""
     w = flow_weights(config, cfg)
-    family_text = 512 if config["_class_name"].startswith("Flux") else 333
+    flux = config["_class_name"].startswith("Flux")
+    t5 = cfg.model.t5xxl_max_token_length or (512 if flux else 256)  # as the run pads T5
+    family_text = t5 + (0 if flux else 77)  # SD 3.5: CLIP's 77 beside T5's
     tokens = (size[0] // 16) * (size[1] // 16) + family_text
     passes = 6 if option.checkpointing else 4
     flop = passes * w.total * tokens * option.batch

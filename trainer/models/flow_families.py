@@ -223,17 +223,44 @@ def detect_flow(keys: Collection[str], shape: Shape, dtype: Callable[[str], str]
                         weight_dtype, prefixes, config, not differences)
 
 
-def detect_flow_file(path: str | Path) -> FlowFileInfo:
-    """:func:`detect_flow` of a ``.safetensors`` file: its header only, no weight is read."""
-    from safetensors import SafetensorError, safe_open
+FLUX_ROPE = {128: [16, 56, 56]}  # head width -> rotary axes (FLUX.1's)
 
+
+def header_config(info: FlowFileInfo) -> dict[str, Any]:
+    """The transformer config of a file that is not the published size: the family's shipped
+    one with the header's shapes (FLUX.1's rotary axes by head width)."""
+    config = {**shipped_config(info.family), **info.transformer_config}
+    if info.kind == "flux":
+        rope = FLUX_ROPE.get(config["attention_head_dim"])
+        if rope is None:
+            raise DetectionError(f"its FLUX.1 transformer has heads {config['attention_head_dim']} "
+                                 f"wide (FLUX.1: 128), so its rotary axes are unknown; set "
+                                 f"model.config_dir to a folder with transformer/config.json")
+        config["axes_dims_rope"] = rope
+    return config
+
+
+def detect_flow_file(path: str | Path) -> FlowFileInfo:
+    """:func:`detect_flow` of a ``.safetensors`` file: its header only, read without torch (the
+    advisor, the GUI and the doctor ask too), no weight is read."""
+    from trainer.models.file_checks import read_safetensors_header
+
+    tensors = read_safetensors_header(path).tensors
+    return detect_flow(tensors.keys(), lambda k: tuple(tensors[k]["shape"]),
+                       lambda k: tensors[k]["dtype"])
+
+
+def is_flow_path(path: str | Path) -> bool:
+    """Whether ``path`` is a ``.safetensors`` file whose header is a FLUX.1 / SD 3.x model
+    (header only, without torch); False for anything else, which the SD readers report on."""
+    from trainer.models.file_checks import ModelFileError, read_safetensors_header
+
+    if Path(path).suffix.lower() != ".safetensors":
+        return False
     try:
-        with safe_open(str(path), framework="pt", device="cpu") as handle:
-            keys = list(handle.keys())
-            return detect_flow(keys, lambda k: tuple(handle.get_slice(k).get_shape()),
-                               lambda k: handle.get_slice(k).get_dtype())
-    except (SafetensorError, OSError) as exc:
-        raise DetectionError(f"{path}: not a readable .safetensors file ({exc})") from None
+        return is_flow_file(list(read_safetensors_header(path).tensors))
+    except (ModelFileError, OSError):
+        return False
 
 
 def is_flow_file(keys: Collection[str]) -> bool:

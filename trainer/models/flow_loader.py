@@ -85,17 +85,9 @@ def load_flow_folder(path: Path, section: Any, family: str) -> dict[str, Any]:
 
 def is_flow_single_file(path: Path) -> bool:
     """Whether a ``.safetensors`` file's header is a FLUX.1 / SD 3.x model (header only)."""
-    from safetensors import safe_open
+    from trainer.models.flow_families import is_flow_path
 
-    from trainer.models.flow_families import is_flow_file
-
-    if path.suffix.lower() != ".safetensors":
-        return False
-    try:
-        with safe_open(str(path), "pt") as f:
-            return is_flow_file(list(f.keys()))
-    except (OSError, ValueError, RuntimeError):
-        return False  # the SD loader reports what is wrong with the file
+    return is_flow_path(path)
 
 
 def load_flow_file(path: Path, section: Any, dtype: Any = None, t5_frozen: bool = False,

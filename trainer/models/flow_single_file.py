@@ -39,7 +39,7 @@ from trainer.models.flow_families import (
     VAE_PREFIXES,
     FlowFileInfo,
     detect_flow,
-    shipped_config,
+    header_config,
 )
 from trainer.models.flow_parts import (
     COMPONENTS,
@@ -52,7 +52,6 @@ from trainer.models.flow_parts import (
 )
 from trainer.models.flow_tokenizers import load_flow_tokenizers
 
-FLUX_ROPE = {128: [16, 56, 56]}  # head width -> rotary axes (FLUX.1's)
 WHERE = {"vae": "model.ae", "clip_l": "model.clip_l", "clip_g": "model.clip_g",
          "t5xxl": "model.t5xxl"}
 
@@ -87,14 +86,7 @@ def _transformer_root(info: FlowFileInfo, config_dir: Optional[Path], stack: Exi
         return config_dir
     if info.published_size:
         return info.config_dir()
-    config = {**shipped_config(info.family), **info.transformer_config}
-    if info.kind == "flux":
-        rope = FLUX_ROPE.get(config["attention_head_dim"])
-        if rope is None:
-            raise ModelLoadError(f"its FLUX.1 transformer has heads {config['attention_head_dim']} "
-                                 f"wide (FLUX.1: 128), so its rotary axes are unknown; set "
-                                 f"model.config_dir to a folder with transformer/config.json")
-        config["axes_dims_rope"] = rope
+    config = header_config(info)
     root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="flow-config-")))
     (root / "transformer").mkdir()
     (root / "transformer" / "config.json").write_text(json.dumps(config), encoding="utf-8")
