@@ -291,3 +291,37 @@ def test_the_loader_streams_the_transformer_into_fp8_storage(tmp_path, monkeypat
             assert torch.equal(a, b), (part, key)
         stored = sum(t.dtype == FP8 for t in got.values())
         assert stored > len(got) // 2 if part in ("transformer", "text_encoder_2") else not stored
+
+
+def test_t5s_fp32_layers_are_stored_in_fp8_and_compute_in_fp32():
+    """T5's own fp32 list (``wo``) is stored in fp8 like its other Linear layers (an fp8 T5
+    file's ``wo`` is fp8 already; upcast it held 4.0 GB more of T5-XXL), and computes in fp32
+    as transformers means it to: the copy stands in from the parent's forward on, since the
+    parent casts its input to ``wo``'s dtype (it used to be fp8 there). The output equals a T5
+    holding the same fp8 values at full width, bit for bit."""
+    import copy
+
+    from trainer.models.memory import T5_SKIP, to_compute_dtype
+    from trainer.models.tiny_flow import build_flux_components
+
+    t5 = build_flux_components()["text_encoder_2"].eval().requires_grad_(False)
+    reference = copy.deepcopy(t5)
+    stored = copy.deepcopy(t5)
+    store_fp8(stored, torch.float32, T5_SKIP)
+    wo = [m for n, m in stored.named_modules() if n.endswith("DenseReluDense.wo")]
+    assert wo and all(m.weight.dtype == FP8 for m in wo)
+    for ref, got in zip(reference.parameters(), stored.parameters()):
+        if got.dtype == FP8:
+            ref.data = got.data.to(torch.float32)  # the same values at full width
+    ids = torch.randint(0, t5.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert torch.equal(stored(ids).last_hidden_state, reference(ids).last_hidden_state)
+
+    seen = []
+    wo[0].register_forward_pre_hook(lambda m, args: seen.append((args[0].dtype, m.weight.dtype)))
+    to_compute_dtype(stored, torch.bfloat16)  # as a bf16 run has it
+    store_fp8(stored, torch.bfloat16, T5_SKIP)  # computed in bf16: wo still in fp32
+    with torch.no_grad():
+        stored(ids)
+    assert seen == [(torch.float32, torch.float32)]
+    assert wo[0].weight.dtype == FP8  # stored again after the forward

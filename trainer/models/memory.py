@@ -140,30 +140,36 @@ class ComputeCopies:
     (so autograd saves them, never the fp8 parameter) and the stored parameters go back after
     it, also when the forward raises."""
 
-    def __init__(self, dtype: torch.dtype):
-        self.dtype = dtype
+    def __init__(self, dtype: torch.dtype, layer: torch.nn.Module):
+        self.dtype, self.layer = dtype, layer
         self.stored: dict[str, torch.nn.Parameter] = {}
 
     def before(self, module: torch.nn.Module, args: Any) -> None:
-        self.stored = {n: p for n, p in module._parameters.items()
-                       if p is not None and p.dtype == FP8}
+        params = self.layer._parameters
+        self.stored = {n: p for n, p in params.items() if p is not None and p.dtype == FP8}
         for name, param in self.stored.items():
-            module._parameters[name] = param.to(self.dtype)  # type: ignore[assignment]
+            params[name] = param.to(self.dtype)  # type: ignore[assignment]
 
     def after(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        module._parameters.update(self.stored)
+        self.layer._parameters.update(self.stored)
         self.stored = {}
 
 
 def fp8_layers(module: torch.nn.Module, skip: tuple[str, ...] = SKIP_PATTERNS
                ) -> list[tuple[str, torch.nn.Module]]:
     """The layers of ``module`` that fp8 storage holds: its Linear, Conv and Embedding layers
-    outside the skipped patterns, the model's own fp32 list and peft's adapters."""
-    patterns = skip + tuple(getattr(module, "_keep_in_fp32_modules", None) or ()) \
-        + _peft_patterns()
+    outside the skipped patterns and peft's adapters. Those of the model's own fp32 list (T5's
+    ``wo``) are held too, and compute in fp32 (:func:`store_fp8`)."""
+    patterns = skip + _peft_patterns()
     return [(name, layer) for name, layer in module.named_modules()
             if isinstance(layer, CAST_LAYERS)
             and not any(_skipped(n, patterns) for n in (name, *_ancestors(name)))]
+
+
+def _fp32_listed(module: torch.nn.Module, name: str) -> bool:
+    """Whether layer ``name`` is on the model's own fp32 list (``_keep_in_fp32_modules``)."""
+    listed = tuple(getattr(module, "_keep_in_fp32_modules", None) or ())
+    return any(_skipped(n, listed) for n in (name, *_ancestors(name)))
 
 
 def fp8_parameter_names(module: torch.nn.Module, skip: tuple[str, ...] = SKIP_PATTERNS
@@ -182,16 +188,21 @@ def store_fp8(module: torch.nn.Module, compute_dtype: torch.dtype,
     in ``compute_dtype`` (the run's precision may be chosen after the load). Returns how many
     layers it stores now."""
     count = 0
-    for _, layer in fp8_layers(module, skip):
+    for name, layer in fp8_layers(module, skip):
+        listed = _fp32_listed(module, name)
+        dtype = torch.float32 if listed else compute_dtype
         if getattr(layer, "_fp8_copies", None) is not None:  # stored: compute in this dtype
-            layer._fp8_copies.dtype = layer.compute_dtype = compute_dtype
+            layer._fp8_copies.dtype = layer.compute_dtype = dtype
             continue
         if any(p.requires_grad for p in layer.parameters()):
             continue
         layer.to(FP8)
-        copies = ComputeCopies(compute_dtype)
-        layer.register_forward_pre_hook(copies.before)
-        layer.register_forward_hook(copies.after, always_call=True)
+        copies = ComputeCopies(dtype, layer)
+        # a listed layer's parent reads its weight's dtype before calling it (T5's
+        # DenseReluDense casts its input to wo's): its copy stands in from the parent's forward
+        host = module.get_submodule(name.rpartition(".")[0]) if listed else layer
+        host.register_forward_pre_hook(copies.before)
+        host.register_forward_hook(copies.after, always_call=True)
         layer._fp8_copies = copies
         # peft gives a layer with a compute_dtype (bitsandbytes' convention) adapters in that
         # dtype, not in its weight's: a LoRA on a layer stored at load is made as on bf16
