@@ -195,3 +195,29 @@ def test_the_step_time_counts_the_configured_t5_length(family, blocks):
                                    option).tflop_per_step
     default = 512 if family == "flux1" else 256
     assert flop[128] / flop[None] == pytest.approx((image + 128 + clip) / (image + default + clip))
+
+
+def test_on_the_cpu_the_step_is_held_against_the_ram():
+    """On the CPU a FLUX.1 step lives in host memory: the advisor compares it with the RAM and
+    recommends what fits (it used to answer "fits" for any size: FLUX.1-dev in bf16 on a
+    24 GiB machine), and counts the Python runtime, not a CUDA context."""
+    import json
+
+    from trainer.advisor.advice import Advice, Steps
+    from trainer.advisor.flow_advice import flow_advise
+    from trainer.config.paths import PROJECT_ROOT
+
+    config = json.loads((PROJECT_ROOT / "trainer/assets/families/flux1-dev/transformer/"
+                         "config.json").read_text())
+    cfg = from_dict({"model": {"base_precision": "full"}, "network": {"network_dim": 4},
+                     "training": {"gradient_checkpointing": True}})
+    ram = DeviceInfo(backend="cpu", name="a CPU", torch_device="cpu", memory_bytes=24 * GIB,
+                     bf16_ok=True, fp16_ok=False, torch_version="2.13.0")
+    advice = Advice(device="a CPU", precision="fp32",
+                    steps=Steps(images=1, steps_per_epoch=1, total_steps=1))
+    flow_advise(advice, cfg, ram, config)
+    assert advice.memory.lines[0][0] == "runtime: Python and the libraries"
+    assert not advice.memory.fits  # 22 GiB of bf16 weights alone
+    first = advice.recommendations[0]
+    assert first.title.startswith("24 GB: fp8 base")
+    assert first.changes.get("model.base_precision") == "fp8"

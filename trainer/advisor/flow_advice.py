@@ -92,8 +92,11 @@ def flow_transformer_config(section: Any) -> Optional[dict]:
 
 
 def flow_memory(config: dict, cfg: Any, size: tuple[int, int], option: FlowOption,
-                capacity: Optional[int]) -> Memory:
-    """The peak of a LoRA step with ``option``, line by line."""
+                capacity: Optional[int], backend: str = "cuda") -> Memory:
+    """The peak of a LoRA step with ``option``, line by line; on the CPU (``backend``) in host
+    memory, against the machine's RAM."""
+    from trainer.advisor.estimate import RUNTIME
+
     w = flow_weights(config, cfg)
     state = STATE_BYTES.get(cfg.optimizer.optimizer_type, 8)
     layer_copy = 0
@@ -102,7 +105,8 @@ def flow_memory(config: dict, cfg: Any, size: tuple[int, int], option: FlowOptio
     if option.base == "fp8" and not option.checkpointing:  # autograd keeps every layer's
         layer_copy = 2 * (sum(w.fp8_units) + w.fp8_other)  # (trainer/advisor/base_weights.py)
     lines = (
-        ("runtime (CUDA context)", RUNTIME_GPU),
+        ("runtime: Python and the libraries" if backend == "cpu" else "runtime (CUDA context)",
+         RUNTIME.get(backend, RUNTIME_GPU)),
         (f"transformer weights ({option.base}"
          + (f", {option.swap} blocks swapped" if option.swap else "") + ")",
          weight_bytes(w, option.base, option.swap)),
@@ -129,9 +133,9 @@ def candidates(config: dict, batch: int) -> list[FlowOption]:
 
 
 def cheapest_fit(config: dict, cfg: Any, size: tuple[int, int], capacity: int,
-                 batch: int) -> Optional[tuple[FlowOption, Memory]]:
+                 batch: int, backend: str = "cuda") -> Optional[tuple[FlowOption, Memory]]:
     for option in candidates(config, batch):
-        memory = flow_memory(config, cfg, size, option, capacity)
+        memory = flow_memory(config, cfg, size, option, capacity, backend)
         if memory.peak <= capacity * FITS_BELOW:
             return option, memory
     return None
@@ -163,9 +167,9 @@ def flow_advise(advice: Advice, cfg: Any, info: Any, config: dict) -> None:
     current = FlowOption(m.base_precision, tr.blocks_to_swap, tr.train_batch_size,
                          tr.gradient_checkpointing)
     other = FlowOption(current.base, current.swap, current.batch, not current.checkpointing)
-    capacity = info.memory_bytes if info.backend != "cpu" else None
-    advice.memory = flow_memory(config, cfg, side, current, capacity)
-    advice.other = flow_memory(config, cfg, side, other, capacity)
+    capacity = info.memory_bytes  # the RAM on the CPU, as for the SD families
+    advice.memory = flow_memory(config, cfg, side, current, capacity, info.backend)
+    advice.other = flow_memory(config, cfg, side, other, capacity, info.backend)
     advice.timing = flow_timing(config, cfg, info, advice.precision, side, current)
     advice.other_timing = flow_timing(config, cfg, info, advice.precision, side, other)
     if advice.timing and advice.steps.total_steps:
@@ -174,7 +178,7 @@ def flow_advise(advice: Advice, cfg: Any, info: Any, config: dict) -> None:
                                advice.timing.tflop_per_step, advice.timing.basis)
     if capacity is None or advice.memory.fits:
         return
-    found = cheapest_fit(config, cfg, side, capacity, tr.train_batch_size)
+    found = cheapest_fit(config, cfg, side, capacity, tr.train_batch_size, info.backend)
     if found is None:
         advice.recommendations.append(Recommendation(
             "Nothing fits this device", f"even NF4 with the most blocks swapped at batch 1 "
