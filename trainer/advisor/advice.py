@@ -13,6 +13,11 @@ from typing import Optional
 from trainer.advisor.rules import Recommendation
 
 GIB = 2**30
+# Measured here: a process with torch 2.13 (CPU), diffusers, transformers, accelerate and peft
+# imported holds 0.47 GiB; a CUDA or ROCm context with cuBLAS holds about 0.5 GiB that
+# PyTorch's own count of allocated memory leaves out.
+RUNTIME = {"cpu": int(0.47 * GIB), "cuda": int(0.5 * GIB), "rocm": int(0.6 * GIB),
+           "xpu": int(0.4 * GIB), "mps": int(0.3 * GIB)}
 FITS_BELOW = 0.95  # of the device's memory: the rest goes to fragmentation and other programs
 
 

@@ -31,16 +31,20 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
-from trainer.advisor.advice import FITS_BELOW, GIB, Advice, Memory, Steps, Timing, gib  # noqa: F401
+from trainer.advisor.advice import (  # noqa: F401
+    FITS_BELOW,
+    GIB,
+    RUNTIME,
+    Advice,
+    Memory,
+    Steps,
+    Timing,
+    gib,
+)
 from trainer.advisor.law_keys import with_changes  # noqa: F401 - the advice's changes
 from trainer.advisor.rules import Recommendation, device_rules, memory_rules, throughput
 from trainer.system.library_lock import library_imports
 
-# Measured here: a process with torch 2.13 (CPU), diffusers, transformers, accelerate and peft
-# imported holds 0.47 GiB; a CUDA or ROCm context with cuBLAS holds about 0.5 GiB that
-# PyTorch's own count of allocated memory leaves out.
-RUNTIME = {"cpu": int(0.47 * GIB), "cuda": int(0.5 * GIB), "rocm": int(0.6 * GIB),
-           "xpu": int(0.4 * GIB), "mps": int(0.3 * GIB)}
 # What a step costs beside its arithmetic: each dispatched operation (Python and a kernel
 # launch), the optimizer's pass over each trained parameter (memory bound: a CPU thread streams a
 # few GB/s, a GPU several TB/s) and, without foreach kernels (the CPU), about a dozen

@@ -14,11 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from trainer.advisor.advice import FITS_BELOW, GIB, Advice, Memory, Timing
+from trainer.advisor.advice import FITS_BELOW, GIB, RUNTIME, Advice, Memory, Timing
 from trainer.advisor.flow_memory import flow_weights, simulate_flow_step, weight_bytes
 from trainer.advisor.rules import Recommendation, throughput
 
-RUNTIME_GPU = int(0.5 * GIB)  # the CUDA context (trainer/advisor/estimate.py's RUNTIME)
 SWAP_STEP = 4
 HOST_LINK = 25e9  # bytes/s host <-> device (PCIe 4 x16, pinned)
 # optimizer state per trained parameter (fp32 LoRA weights): AdamW's two moments, 8-bit's
@@ -95,8 +94,6 @@ def flow_memory(config: dict, cfg: Any, size: tuple[int, int], option: FlowOptio
                 capacity: Optional[int], backend: str = "cuda") -> Memory:
     """The peak of a LoRA step with ``option``, line by line; on the CPU (``backend``) in host
     memory, against the machine's RAM."""
-    from trainer.advisor.estimate import RUNTIME
-
     w = flow_weights(config, cfg)
     state = STATE_BYTES.get(cfg.optimizer.optimizer_type, 8)
     layer_copy = 0
@@ -106,7 +103,7 @@ def flow_memory(config: dict, cfg: Any, size: tuple[int, int], option: FlowOptio
         layer_copy = 2 * (sum(w.fp8_units) + w.fp8_other)  # (trainer/advisor/base_weights.py)
     lines = (
         ("runtime: Python and the libraries" if backend == "cpu" else "runtime (CUDA context)",
-         RUNTIME.get(backend, RUNTIME_GPU)),
+         RUNTIME.get(backend, RUNTIME["cuda"])),
         (f"transformer weights ({option.base}"
          + (f", {option.swap} blocks swapped" if option.swap else "") + ")",
          weight_bytes(w, option.base, option.swap)),
