@@ -1,11 +1,9 @@
 """The studio's LoRA training against kohya-ss/sd-scripts and diffusers' example, step for step.
 
     .venv/bin/python bench/compare_peers.py [--reps 3] [--only sd-scripts,diffusers,studio]
-        [--models sd15,tiny] [--resolution 64[,256]] [--precision no,auto[,bf16]]
-        [--steps 30] [--quick] [--json FILE] [--threads N] [--studio-threads N]
-        [--ss-args ARGS] [--df-args ARGS] [--studio-args ARGS]
-        [--warmup-steps 4] [--max-load 1.0] [--idle-cores C]
-        [--peers-dir DIR] [--peers-scripts DIR] [--work DIR]
+        [--models sd15,tiny] [--resolution 64[,256]] [--precision no,auto[,bf16]] [--quick]
+
+(``--help`` lists the rest: steps, threads, each tool's extra arguments, load limits, folders.)
 
 Follows the peers' README (``--peers-scripts``, default /work/shared/peers): the peers' code,
 venvs, models and data live in ``$PEERS_DIR`` (default /work/peers), outside the checkout. Same
@@ -30,9 +28,8 @@ for wall time and peak RSS, each progress-bar refresh timestamped); s/step is ti
 to the last step. The studio runs as installed, ``python -m trainer train CONFIG.toml``, with no
 thread settings forced (``--studio-threads N`` adds runs with OMP_NUM_THREADS=N); its bf16 probe
 result is kept in the run folder's ``studio-cache`` (``KOHYA_STUDIO_CACHE``), so the warm-up
-measures it and the measured runs reuse it, as a user's second run does. The studio's start-up
-is broken down from its log lines (imports, data + model load, bf16 probe, latent cache, text
-cache + set-up, first step).
+measures it and the measured runs reuse it, as a user's second run does; its start-up is broken
+down from its log lines.
 """
 
 from __future__ import annotations
@@ -84,10 +81,8 @@ STUDIO = Tool("studio", "studio", "ks_")
 TOOLS = (SD_SCRIPTS, DIFFUSERS, STUDIO)
 # model key -> (folder in $PEERS_DIR, row suffix, the tools that run on it); sd-scripts builds
 # its own UNet with SD 1.5's fixed shapes, so it cannot load the tiny model (size mismatches)
-MODELS = {
-    "sd15": ("sd15-random", "", ("sd-scripts", "diffusers", "studio")),
-    "tiny": ("tiny-sd", ", tiny model", ("diffusers", "studio")),
-}
+MODELS = {"sd15": ("sd15-random", "", ("sd-scripts", "diffusers", "studio")),
+          "tiny": ("tiny-sd", ", tiny model", ("diffusers", "studio"))}
 
 
 @dataclass(frozen=True)
@@ -108,9 +103,9 @@ class Variant:
     @property
     def label(self) -> str:
         if self.tool.studio:
-            what = {"auto": "as installed", "no": "fp32 (mixed_precision = no)",
-                    "bf16": "bf16 (mixed_precision = bf16)",
-                    "fp16": "fp16 (mixed_precision = fp16)"}[self.precision]
+            p = self.precision
+            what = "as installed" if p == "auto" else \
+                f"{'fp32' if p == 'no' else p} (mixed_precision = {p})"
             return f"{self.tool.label}, {what}"
         if self.precision == "no":
             return self.tool.label

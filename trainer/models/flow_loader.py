@@ -83,13 +83,6 @@ def load_flow_folder(path: Path, section: Any, family: str) -> dict[str, Any]:
                 t5_max_length=t5_length(family, variant, section.t5xxl_max_token_length))
 
 
-def is_flow_single_file(path: Path) -> bool:
-    """Whether a ``.safetensors`` file's header is a FLUX.1 / SD 3.x model (header only)."""
-    from trainer.models.flow_families import is_flow_path
-
-    return is_flow_path(path)
-
-
 def load_flow_file(path: Path, section: Any, dtype: Any = None, t5_frozen: bool = False,
                    defer_denoiser: bool = False) -> dict[str, Any]:
     """The BaseModel fields of a FLUX.1 / SD 3.x single file and the component files that

@@ -181,14 +181,14 @@ def fp8_storage(dtype: torch.dtype, skip: Optional[tuple[str, ...]] = None) -> A
     """The weights that fp8 storage holds (trainer/models/memory.py) arrive in fp8: an fp8
     file's tensor as it is, another one cast by way of ``dtype`` (the values that storing a
     ``dtype``-built model in fp8 gives)."""
-    from trainer.models.memory import FP8, fp8_parameter_names
+    from trainer.models.memory import FP8, SKIP_PATTERNS, fp8_parameter_names
     from trainer.models.streamed_load import Storage
 
     def convert(tensor: torch.Tensor) -> torch.Tensor:
         return tensor if tensor.dtype == FP8 else tensor.to(dtype).to(FP8)
 
     def select(model: torch.nn.Module) -> set[str]:
-        return fp8_parameter_names(model, *(() if skip is None else (skip,)))
+        return fp8_parameter_names(model, SKIP_PATTERNS if skip is None else skip)
 
     return Storage(select, convert)
 

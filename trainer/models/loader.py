@@ -113,9 +113,10 @@ def load_base_model(section: ModelSection, dtype: Any = None, t5_frozen: bool = 
         cached = _cache_folder(path, section) if section.cache_as_diffusers else None
         if cached is not None and (cached / CACHE_INFO).is_file():
             return _from_cache(cached, path, section)
-        from trainer.models.flow_loader import is_flow_single_file, load_flow_file
+        from trainer.models.flow_families import is_flow_path
+        from trainer.models.flow_loader import load_flow_file
 
-        if is_flow_single_file(path):
+        if is_flow_path(path):
             model = BaseModel(**load_flow_file(path, section, dtype, t5_frozen,
                                                defer_denoiser and cached is None))
         else:

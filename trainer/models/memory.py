@@ -342,10 +342,16 @@ class MemoryPlan:
             f"memory and visit the device as they run")
 
 
+def released(module: Any) -> bool:
+    """A module let go after use (trainer/run/text_first.py): its tensors on the meta device."""
+    params = list(module.parameters()) if module is not None else []
+    return bool(params) and all(p.device.type == "meta" for p in params)
+
+
 def _t5_of(model: Any) -> Optional[torch.nn.Module]:
     for name in ("text_encoder_2", "text_encoder_3"):
         encoder = getattr(model, name, None)
         if encoder is not None and type(encoder).__name__.startswith("T5") and \
-                any(p.device.type != "meta" for p in encoder.parameters()):  # not released
+                not released(encoder):
             return encoder
     return None

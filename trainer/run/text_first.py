@@ -18,18 +18,20 @@ import os
 import time
 from typing import Any
 
+from trainer.models.memory import released  # noqa: F401 - what the run asks of an encoder
+
 
 def applies(cfg: Any, method: Any, data: Any, backend: str) -> bool:
     """Whether this run encodes its captions before the transformer is built."""
     from trainer.data.text_cache import text_cache_allowed
 
     ds = cfg.dataset
-    if cfg.mode != "lora" or method.trains_text_encoder or method.trains_t5:
+    if cfg.mode != "lora" or method.trains_t5:
         return False
     if ds.cache_text_encoder_outputs is False or data.text_cache_blocker:
         return False
-    if not text_cache_allowed(cfg)[0]:  # network.train_text_encoder (the method sets its own
-        # answer once the model is known)
+    if not text_cache_allowed(cfg)[0]:  # network.train_text_encoder among the reasons (the
+        # method's own answer is set once the model is known)
         return False
     if cfg.sampling.sample_prompts or cfg.sampling.sample_prompts_file:
         return False
@@ -38,12 +40,6 @@ def applies(cfg: Any, method: Any, data: Any, backend: str) -> bool:
     if cfg.training.mixed_precision == "auto" and backend == "cpu":
         return False
     return int(os.environ.get("WORLD_SIZE", "1")) == 1
-
-
-def released(module: Any) -> bool:
-    """A text encoder let go after its outputs were cached (its tensors on the meta device)."""
-    params = list(module.parameters()) if module is not None else []
-    return bool(params) and all(p.device.type == "meta" for p in params)
 
 
 def encode_and_release(s: Any, out: Any) -> bool:
@@ -62,7 +58,7 @@ def encode_and_release(s: Any, out: Any) -> bool:
     fill_text_cache(s, out, eager=True)
     freed = 0
     for _, encoder, _ in encoders:
-        freed += sum(t.numel() * t.element_size() for t in encoder.state_dict().values())
+        freed += sum(t.numel() * t.element_size() for t in encoder.parameters())  # tied once
         encoder.to("meta")
     gc.collect()
     out.log(f"Text encoders released once every caption was encoded "
