@@ -13,11 +13,18 @@ from typing import Optional
 from trainer.advisor.rules import Recommendation
 
 GIB = 2**30
-# Measured here: a process with torch 2.13 (CPU), diffusers, transformers, accelerate and peft
-# imported holds 0.47 GiB; a CUDA or ROCm context with cuBLAS holds about 0.5 GiB that
-# PyTorch's own count of allocated memory leaves out.
-RUNTIME = {"cpu": int(0.47 * GIB), "cuda": int(0.5 * GIB), "rocm": int(0.6 * GIB),
+# Measured here (bench/host_phases.py on the tiny FLUX.1 file, torch 2.13 CPU): a run's process
+# holds 0.37 GiB of Python and libraries (torch, diffusers, transformers) while it loads, 0.41
+# GiB once it trains (peft, accelerate's training state, the optimizers); a CUDA or ROCm
+# context with cuBLAS holds about 0.5 GiB that PyTorch's own count of allocated memory leaves
+# out.
+RUNTIME = {"cpu": int(0.41 * GIB), "cuda": int(0.5 * GIB), "rocm": int(0.6 * GIB),
            "xpu": int(0.4 * GIB), "mps": int(0.3 * GIB)}
+RUNTIME_LOADING = int(0.37 * GIB)  # the host's, before the training libraries are imported
+# On the CPU a step's tensors come from malloc, whose heap keeps freed blocks (and oneDNN its
+# buffers): measured on SD 1.5's UNet (64-256 px, batch 2-8), the RSS grew by 1.5-1.9 x the
+# tensors alive at the step's peak.
+CPU_HEAP = 0.5
 FITS_BELOW = 0.95  # of the device's memory: the rest goes to fragmentation and other programs
 
 
@@ -51,6 +58,20 @@ class Memory:
 
 
 @dataclass(frozen=True)
+class Phase:
+    """One phase of a run: what the machine's RAM holds in it, line by line, and the device's
+    peak (None on the CPU, where the RAM is the device)."""
+
+    name: str
+    lines: tuple[tuple[str, int], ...]
+    device: Optional[int]
+
+    @property
+    def host(self) -> int:
+        return sum(b for _, b in self.lines)
+
+
+@dataclass(frozen=True)
 class Timing:
     seconds_per_step: float
     total_seconds: Optional[float]
@@ -69,6 +90,17 @@ class Advice:
     other_timing: Optional[Timing] = None
     recommendations: list[Recommendation] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    phases: list[Phase] = field(default_factory=list)  # RAM and device, phase by phase
+    ram: Optional[int] = None  # the machine's RAM
+
+    def host_peak(self) -> Optional[Phase]:
+        """The phase that holds the most RAM (None without phases)."""
+        return max(self.phases, key=lambda p: p.host, default=None)
+
+    @property
+    def fits_ram(self) -> bool:
+        peak = self.host_peak()
+        return peak is None or not self.ram or peak.host <= self.ram * FITS_BELOW
 
 
 def gib(n: Optional[float]) -> str:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from trainer.advisor.advice import (  # noqa: F401
+    CPU_HEAP,
     FITS_BELOW,
     GIB,
     RUNTIME,
@@ -41,6 +42,7 @@ from trainer.advisor.advice import (  # noqa: F401
     Timing,
     gib,
 )
+from trainer.advisor.host_memory import sd_phases
 from trainer.advisor.law_keys import with_changes  # noqa: F401 - the advice's changes
 from trainer.advisor.rules import Recommendation, device_rules, memory_rules, throughput
 from trainer.system.library_lock import library_imports
@@ -52,10 +54,6 @@ from trainer.system.library_lock import library_imports
 OP_S = {"cpu": 2e-5, "gpu": 1e-5}
 OPTIMIZER_S_PER_PARAM = {"cpu": 2e-8, "gpu": 5e-11}
 OPS_PER_TENSOR = {"cpu": 12, "gpu": 0}
-# On the CPU a step's tensors come from malloc, whose heap keeps freed blocks (and oneDNN its
-# buffers): measured on SD 1.5's UNet (64-256 px, batch 2-8), the RSS grew by 1.5-1.9 x the
-# tensors alive at the step's peak. GPUs' caching allocators are not counted here.
-CPU_HEAP = 0.5
 _DATA_CACHE: dict[str, Any] = {}
 
 
@@ -236,6 +234,14 @@ def memory_estimate(cfg: Any, info: Any, configs: Any, bucket: tuple[int, int],
                     checkpointing: Optional[bool] = None,
                     measured_at: Optional[tuple[tuple[int, int], int]] = None) -> Memory:
     """The peak phase and its parts for ``cfg`` on ``info`` (see the module's docstring)."""
+    phases = memory_phases(cfg, info, configs, bucket, checkpointing, measured_at)
+    return max(phases, key=lambda m: m.peak)
+
+
+def memory_phases(cfg: Any, info: Any, configs: Any, bucket: tuple[int, int],
+                  checkpointing: Optional[bool] = None,
+                  measured_at: Optional[tuple[tuple[int, int], int]] = None) -> list[Memory]:
+    """Each phase with its parts on the device (on the CPU: in RAM)."""
     from trainer.advisor.footprint import param_counts, simulate_encode
 
     tr, ds, precision = cfg.training, cfg.dataset, _precision(cfg, info)
@@ -289,8 +295,8 @@ def memory_estimate(cfg: Any, info: Any, configs: Any, bucket: tuple[int, int],
         phases.append(("loading the model", runtime + [
             (f"all weights as loaded: {total / 1e6:.1f} M x fp32", total * 4),
             ("read from the files beside them", configs.load_extra_bytes)]))
-    phase, lines = max(phases, key=lambda p: sum(b for _, b in p[1]))
-    return Memory(phase, tuple((what, int(b)) for what, b in lines), info.memory_bytes, gc)
+    return [Memory(phase, tuple((what, int(b)) for what, b in lines), info.memory_bytes, gc)
+            for phase, lines in phases]
 
 
 def timing(cfg: Any, info: Any, configs: Any, steps: Steps,
@@ -367,7 +373,10 @@ def _advise(cfg: Any, info: Any) -> Advice:
         configs = read_configs(cfg.model)
         bucket = advice.steps.largest_bucket
         gc = cfg.training.gradient_checkpointing
-        advice.memory = memory_estimate(cfg, info, configs, bucket)
+        phases = memory_phases(cfg, info, configs, bucket)
+        advice.memory = max(phases, key=lambda m: m.peak)
+        advice.phases, advice.ram = sd_phases(cfg, info, configs, phases,
+                                              text_encoders_leave(cfg, info))
         advice.other = memory_estimate(cfg, info, configs, bucket, checkpointing=not gc)
         advice.timing = timing(cfg, info, configs, advice.steps)
         advice.other_timing = timing(cfg, info, configs, advice.steps, checkpointing=not gc)

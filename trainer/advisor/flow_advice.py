@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from trainer.advisor.advice import FITS_BELOW, GIB, RUNTIME, Advice, Memory, Timing
-from trainer.advisor.flow_memory import flow_weights, simulate_flow_step, weight_bytes
+from trainer.advisor.advice import CPU_HEAP, FITS_BELOW, GIB, RUNTIME, Advice, Memory, Timing
+from trainer.advisor.flow_memory import flow_weights
+from trainer.advisor.flow_sizes import step_bytes, text_tokens, unit_bytes, weight_bytes
 from trainer.advisor.rules import Recommendation, throughput
 
 SWAP_STEP = 4
@@ -91,29 +92,39 @@ def flow_transformer_config(section: Any) -> Optional[dict]:
 
 
 def flow_memory(config: dict, cfg: Any, size: tuple[int, int], option: FlowOption,
-                capacity: Optional[int], backend: str = "cuda") -> Memory:
+                capacity: Optional[int], backend: str = "cuda", c: int = 2) -> Memory:
     """The peak of a LoRA step with ``option``, line by line; on the CPU (``backend``) in host
-    memory, against the machine's RAM."""
+    memory, against the machine's RAM; ``c`` bytes a weight in the compute precision."""
     w = flow_weights(config, cfg)
     state = STATE_BYTES.get(cfg.optimizer.optimizer_type, 8)
     layer_copy = 0
-    if option.base != "full":  # the bf16 copies of the cast weights: one block's at a time
-        layer_copy = 2 * max(w.fp8_units)
+    if option.base != "full":  # the compute copies of the cast weights: one block's at a time
+        layer_copy = c * max(w.fp8_units)
     if option.base == "fp8" and not option.checkpointing:  # autograd keeps every layer's
-        layer_copy = 2 * (sum(w.fp8_units) + w.fp8_other)  # (trainer/advisor/base_weights.py)
-    lines = (
+        layer_copy = c * (sum(w.fp8_units) + w.fp8_other)  # (trainer/advisor/base_weights.py)
+    # simulated in bf16: fp32 compute keeps the same tensors at twice the width
+    acts = step_bytes(config, cfg, size, option.batch, option.checkpointing) * c // 2
+    name = "fp32" if c == 4 else "bf16"
+    lines = [
         ("runtime: Python and the libraries" if backend == "cpu" else "runtime (CUDA context)",
          RUNTIME.get(backend, RUNTIME["cuda"])),
-        (f"transformer weights ({option.base}"
+        (f"transformer weights ({option.base if option.base != 'full' else name}"
          + (f", {option.swap} blocks swapped" if option.swap else "") + ")",
-         weight_bytes(w, option.base, option.swap)),
+         weight_bytes(w, option.base, option.swap, c)),
         ("compute-precision copies of the fp8 layers for the backward pass", layer_copy),
         ("LoRA weights and gradients (fp32)", 8 * w.lora),
         (f"optimizer state ({cfg.optimizer.optimizer_type})", int(state * w.lora)),
-        ("activations", simulate_flow_step(config, cfg, size, option.batch,
-                                           option.checkpointing)),
-    )
-    return Memory("training step", lines, capacity, option.checkpointing)
+        ("activations", acts)]
+    if backend == "cpu":
+        lines.append(("the C heap's spare blocks (CPU)", int(CPU_HEAP * acts)))
+    return Memory("training step", tuple(lines), capacity, option.checkpointing)
+
+
+def swapped_bytes(config: dict, cfg: Any, option: FlowOption, c: int) -> int:
+    """Bytes of the blocks that block swap keeps in host memory (every swapped one: the two
+    in flight keep their host copies)."""
+    units = unit_bytes(flow_weights(config, cfg), option.base, c)
+    return int(sum(units[len(units) - option.swap:])) if option.swap else 0
 
 
 def candidates(config: dict, batch: int) -> list[FlowOption]:
@@ -130,9 +141,10 @@ def candidates(config: dict, batch: int) -> list[FlowOption]:
 
 
 def cheapest_fit(config: dict, cfg: Any, size: tuple[int, int], capacity: int,
-                 batch: int, backend: str = "cuda") -> Optional[tuple[FlowOption, Memory]]:
+                 batch: int, backend: str = "cuda",
+                 c: int = 2) -> Optional[tuple[FlowOption, Memory]]:
     for option in candidates(config, batch):
-        memory = flow_memory(config, cfg, size, option, capacity, backend)
+        memory = flow_memory(config, cfg, size, option, capacity, backend, c)
         if memory.peak <= capacity * FITS_BELOW:
             return option, memory
     return None
@@ -143,10 +155,7 @@ def flow_timing(config: dict, cfg: Any, info: Any, precision: str, size: tuple[i
     """Forward (2 flop per weight and token), backward to the inputs (2 more), the
     recomputation with checkpointing (2 more); the swap's copies overlap the compute."""
     w = flow_weights(config, cfg)
-    flux = config["_class_name"].startswith("Flux")
-    t5 = cfg.model.t5xxl_max_token_length or (512 if flux else 256)  # as the run pads T5
-    family_text = t5 + (0 if flux else 77)  # SD 3.5: CLIP's 77 beside T5's
-    tokens = (size[0] // 16) * (size[1] // 16) + family_text
+    tokens = (size[0] // 16) * (size[1] // 16) + text_tokens(config, cfg)  # as T5 is padded
     passes = 6 if option.checkpointing else 4
     flop = passes * w.total * tokens * option.batch
     rate, basis = throughput(info, precision)
@@ -164,18 +173,19 @@ def flow_advise(advice: Advice, cfg: Any, info: Any, config: dict) -> None:
     current = FlowOption(m.base_precision, tr.blocks_to_swap, tr.train_batch_size,
                          tr.gradient_checkpointing)
     other = FlowOption(current.base, current.swap, current.batch, not current.checkpointing)
-    capacity = info.memory_bytes  # the RAM on the CPU, as for the SD families
-    advice.memory = flow_memory(config, cfg, side, current, capacity, info.backend)
-    advice.other = flow_memory(config, cfg, side, other, capacity, info.backend)
+    capacity, c = info.memory_bytes, 4 if advice.precision == "no" else 2
+    advice.memory = flow_memory(config, cfg, side, current, capacity, info.backend, c)
+    advice.other = flow_memory(config, cfg, side, other, capacity, info.backend, c)
     advice.timing = flow_timing(config, cfg, info, advice.precision, side, current)
     advice.other_timing = flow_timing(config, cfg, info, advice.precision, side, other)
     if advice.timing and advice.steps.total_steps:
         advice.timing = Timing(advice.timing.seconds_per_step,
                                advice.timing.seconds_per_step * advice.steps.total_steps,
                                advice.timing.tflop_per_step, advice.timing.basis)
+    _phases(advice, cfg, info, config, current, c)
     if capacity is None or advice.memory.fits:
         return
-    found = cheapest_fit(config, cfg, side, capacity, tr.train_batch_size, info.backend)
+    found = cheapest_fit(config, cfg, side, capacity, tr.train_batch_size, info.backend, c)
     if found is None:
         advice.recommendations.append(Recommendation(
             "Nothing fits this device", f"even NF4 with the most blocks swapped at batch 1 "
@@ -187,3 +197,40 @@ def flow_advise(advice: Advice, cfg: Any, info: Any, config: dict) -> None:
         f"{capacity / GIB:.0f} GB: {option.words()}",
         f"the cheapest combination that fits: about {memory.peak / GIB:.1f} GiB at "
         f"{side[0]}x{side[1]} px", option.changes(), saves=advice.memory.peak - memory.peak))
+
+
+def _phases(advice: Advice, cfg: Any, info: Any, config: dict, option: FlowOption,
+            c: int) -> None:
+    """The RAM and the device phase by phase (:mod:`trainer.advisor.host_memory`); on the CPU
+    the peak is the phase that holds the most."""
+    from trainer.advisor import host_memory as hm
+    from trainer.models.families import ASSETS
+    from trainer.system.device import system_memory
+
+    family = "flux1" if config["_class_name"].startswith("Flux") else "sd3"
+    parts = hm.model_parts(cfg.model, family)
+    w = flow_weights(config, cfg)
+    text = text_tokens(config, cfg)
+    held = hm.held(cfg, parts, weight_bytes(w, option.base, None, c), c,
+                   "fp32" if c == 4 else "bf16", max(advice.steps.images, 1), text,
+                   config["joint_attention_dim"])
+    assets = ASSETS / ("flux1-dev" if family == "flux1" else "sd35-large")
+    encode = hm.vae_encode_bytes(hm.vae_config_root(cfg.model, assets),
+                                 advice.steps.largest_bucket)
+    memory = advice.memory
+    advice.phases = hm.flow_phases(info, held, list(memory.lines),
+                                   swapped_bytes(config, cfg, option, c), memory.peak, encode,
+                                   hm.text_first(cfg, info.backend))
+    advice.ram = info.memory_bytes if info.backend == "cpu" else system_memory()
+    peak = advice.host_peak()
+    if info.backend == "cpu" and peak is not None and peak.host > memory.peak:
+        advice.memory = Memory(peak.name, peak.lines, memory.capacity, memory.checkpointing)
+        if advice.other is not None and peak.host > advice.other.peak:  # not a step's peak
+            advice.other = Memory(peak.name, peak.lines, memory.capacity,
+                                  advice.other.checkpointing)
+    if not advice.fits_ram and peak is not None:
+        advice.problems.append(
+            f"does not fit in RAM: the {peak.name} phase holds about {peak.host / GIB:.1f} GiB "
+            f"of host memory, this machine has {advice.ram / GIB:.1f} GiB"
+            + ("" if cfg.model.base_precision != "full" else
+               "; model.base_precision = 'fp8' stores the transformer in half of it"))

@@ -32,6 +32,8 @@ def summary(advice: Advice) -> str:
     m, t = advice.memory, advice.timing
     of = f" of {gib(m.capacity)}" if m.capacity else ""
     verdict = "fits" if m.fits else "**does not fit**"
+    if not advice.fits_ram:
+        verdict += "; **does not fit in RAM**"
     run = f", {duration(t.total_seconds)} for {advice.steps.total_steps} steps" \
         if t and t.total_seconds else ""
     return (f"Estimated peak memory **{gib(m.peak)}**{of} ({verdict}); "
@@ -72,6 +74,7 @@ def advice_markdown(advice: Advice, cfg: Any) -> str:
                   f"Gradient checkpointing {'on' if m.checkpointing else 'off'}: "
                   f"{gib(m.peak)}; {'on' if o.checkpointing else 'off'}: {gib(o.peak)} "
                   f"(~{duration(advice.other_timing.seconds_per_step)} per step)"]
+    lines += _phases_markdown(advice)
     if advice.timing is not None:
         t = advice.timing
         lines += ["", f"Time: {t.tflop_per_step:.3g} TFLOP per step at the largest bucket "
@@ -82,6 +85,23 @@ def advice_markdown(advice: Advice, cfg: Any) -> str:
     if advice.problems:
         lines += ["", "Problems:"] + [f"- {p}" for p in advice.problems]
     return "\n".join(lines)
+
+
+def _phases_markdown(advice: Advice) -> list[str]:
+    """The RAM (and the device's memory) phase by phase, and whether the RAM holds them."""
+    if not advice.phases:
+        return []
+    on_device = any(p.device is not None for p in advice.phases)
+    ram = f" of {gib(advice.ram)}" if advice.ram else ""
+    head = "| phase | host memory (RAM) |" + (" device |" if on_device else "")
+    out = ["", head, "|---|---:|" + ("---:|" if on_device else "")]
+    for p in advice.phases:
+        out.append(f"| {p.name} | {gib(p.host)} |" + (f" {gib(p.device)} |" if on_device
+                                                       else ""))
+    peak = advice.host_peak()
+    verdict = "fits in RAM" if advice.fits_ram else "**does not fit in RAM**"
+    out += ["", f"Host memory at its peak ({peak.name}): {gib(peak.host)}{ram} ({verdict})"]
+    return out
 
 
 # --- the command line ---------------------------------------------------------------------

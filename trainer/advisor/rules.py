@@ -81,13 +81,31 @@ def cpu_tflops(threads: int) -> float:
     return _CPU_RATE["rate"] * threads
 
 
+def cpu_bf16_ratio() -> float:
+    """bf16 over fp32 seconds of one matmul on this CPU (the doctor's probe,
+    trainer/system/cpu_bf16.py), measured once."""
+    from trainer.system.cpu_bf16 import matmul_seconds
+
+    if "bf16" not in _CPU_RATE:
+        fp32_s, bf16_s = matmul_seconds(1024)
+        _CPU_RATE["bf16"] = max(bf16_s, 1e-9) / max(fp32_s, 1e-9)
+    return _CPU_RATE["bf16"]
+
+
 def throughput(info: Any, precision: str) -> tuple[float, str]:
     """(effective TFLOP/s for training, where the number comes from)."""
     if info.backend == "cpu":
         threads = cpu_threads(info)[0]
         rate = cpu_tflops(threads)
-        return rate * EFFICIENCY["cpu"], (f"measured fp32 matmul {rate * 1000:.0f} GFLOP/s "
-                                          f"on {threads} thread(s)")
+        if precision != "bf16":
+            return rate * EFFICIENCY["cpu"], (f"measured fp32 matmul {rate * 1000:.0f} "
+                                              f"GFLOP/s on {threads} thread(s)")
+        from trainer.system.cpu_bf16 import ratio_words
+
+        ratio = cpu_bf16_ratio()  # bf16 / fp32 seconds: 20x on a CPU without bf16 units
+        return rate / ratio * EFFICIENCY["cpu"], (
+            f"measured fp32 matmul {rate * 1000:.0f} GFLOP/s on {threads} thread(s), bf16 "
+            f"{rate / ratio * 1000:.0f} ({ratio_words(ratio)}, the doctor's probe)")
     name = info.name.lower()
     half, single = next(((h, s) for key, h, s in THROUGHPUT if key in name), DEFAULT_GPU)
     peak = single if precision == "no" else half

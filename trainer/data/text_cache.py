@@ -131,3 +131,29 @@ class TextCache:
 
 def _as_conditioning(out: Any) -> TextConditioning:
     return out if isinstance(out, TextConditioning) else TextConditioning(out)
+
+
+def text_first_applies(cfg: Any, backend: str, trains_t5: Optional[bool] = None,
+                       blocker: Optional[str] = "unknown") -> bool:
+    """Whether a run of ``cfg`` on ``backend`` encodes every caption and lets its frozen text
+    encoders go before the denoiser is built (trainer/run/text_first.py; the loader decides
+    for single files): nothing later needs a text encoder. ``trains_t5``, ``blocker``: the
+    method's and the dataset's answers where known (else read from ``cfg``)."""
+    import os
+
+    ds, net = cfg.dataset, cfg.network
+    if trains_t5 is None:
+        trains_t5 = net.train_t5xxl and net.train_text_encoder
+    if blocker == "unknown":
+        blocker = text_cache_blocker(cfg)
+    if cfg.mode != "lora" or trains_t5 or ds.cache_text_encoder_outputs is False or blocker:
+        return False
+    if not text_cache_allowed(cfg)[0]:  # network.train_text_encoder among the reasons
+        return False
+    if cfg.sampling.sample_prompts or cfg.sampling.sample_prompts_file:
+        return False
+    if ds.validation_split or ds.validation_data_dir or ds.num_class_images is not None:
+        return False
+    if cfg.training.mixed_precision == "auto" and backend == "cpu":
+        return False  # auto probes the denoiser on the CPU before it knows the precision
+    return int(os.environ.get("WORLD_SIZE", "1")) == 1

@@ -14,7 +14,6 @@ A released encoder is left on the meta device: the model keeps its shape, not it
 from __future__ import annotations
 
 import gc
-import os
 import time
 from typing import Any
 
@@ -23,23 +22,9 @@ from trainer.models.memory import released  # noqa: F401 - what the run asks of 
 
 def applies(cfg: Any, method: Any, data: Any, backend: str) -> bool:
     """Whether this run encodes its captions before the transformer is built."""
-    from trainer.data.text_cache import text_cache_allowed
+    from trainer.data.text_cache import text_first_applies
 
-    ds = cfg.dataset
-    if cfg.mode != "lora" or method.trains_t5:
-        return False
-    if ds.cache_text_encoder_outputs is False or data.text_cache_blocker:
-        return False
-    if not text_cache_allowed(cfg)[0]:  # network.train_text_encoder among the reasons (the
-        # method's own answer is set once the model is known)
-        return False
-    if cfg.sampling.sample_prompts or cfg.sampling.sample_prompts_file:
-        return False
-    if ds.validation_split or ds.validation_data_dir or ds.num_class_images is not None:
-        return False
-    if cfg.training.mixed_precision == "auto" and backend == "cpu":
-        return False
-    return int(os.environ.get("WORLD_SIZE", "1")) == 1
+    return text_first_applies(cfg, backend, method.trains_t5, data.text_cache_blocker)
 
 
 def encode_and_release(s: Any, out: Any) -> bool:
