@@ -8,10 +8,9 @@ family comes from, first match:
 
 - ``model.model_version`` when it is not ``auto``, and the embedded models (the config's own
   rule, ``trainer.config.family_rules.known_family``);
-- a diffusers folder: ``model_index.json``'s ``_class_name`` (FluxPipeline, StableDiffusion3-,
-  StableDiffusionXL-, StableDiffusionPipeline; SD 2.x by its 1024-wide text encoder);
-- a ``.safetensors`` file: its header's key names and shapes, through the loader's own
-  detection (``trainer.models.families.detect``), which reads no weight.
+- a diffusers folder or a ``.safetensors`` file: the loader's own detection
+  (``trainer.models.detect.detect_path``: ``model_index.json``, or the header's key names and
+  shapes), which reads no weight and imports no torch.
 
 Anything else (a path that does not exist yet, a ``.ckpt``, a file detection cannot place) is
 unknown, and an unknown family shows every field: hiding a setting the model may read would be
@@ -26,10 +25,7 @@ so searching never brings back a field of another family.
 
 from __future__ import annotations
 
-import json
-import struct
 from collections.abc import Mapping
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Optional
 
@@ -39,9 +35,6 @@ from trainer.config.family_rules import known_family
 
 MODEL_PATH = "model.pretrained_model_name_or_path"
 MODEL_VERSION = "model.model_version"
-PIPELINE_FAMILIES = {"FluxPipeline": "flux1", "StableDiffusion3Pipeline": "sd3",
-                     "StableDiffusionXLPipeline": "sdxl", "StableDiffusionPipeline": "sd1"}
-MAX_HEADER = 100 * 1024 * 1024  # a safetensors header bigger than this is not a checkpoint's
 
 
 def field_families() -> dict[str, tuple[str, ...]]:
@@ -59,58 +52,6 @@ FIELD_FAMILIES = field_families()
 
 # --- the family of the form's model ----------------------------------------------------------
 
-def _read_json(path: Path) -> Optional[dict[str, Any]]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def folder_family(folder: Path) -> Optional[str]:
-    """The family of a diffusers folder from its ``model_index.json``; None if unsure."""
-    index = _read_json(folder / "model_index.json")
-    family = PIPELINE_FAMILIES.get(str((index or {}).get("_class_name")))
-    if family == "sd1":  # SD 1.x and 2.x share the pipeline; SD 2's text encoder is wider
-        encoder = _read_json(folder / "text_encoder" / "config.json") or {}
-        family = "sd2" if encoder.get("hidden_size") == 1024 else "sd1"
-    return family
-
-
-def safetensors_header(path: Path) -> Optional[dict[str, Any]]:
-    """The JSON header of a .safetensors file (key -> dtype, shape, offsets); None if the file
-    is not one. Reads only the header, never a weight."""
-    try:
-        with path.open("rb") as handle:
-            (size,) = struct.unpack("<Q", handle.read(8))
-            if not 2 <= size <= MAX_HEADER:
-                return None
-            header = json.loads(handle.read(size))
-    except (OSError, ValueError, struct.error):
-        return None
-    return header if isinstance(header, dict) else None
-
-
-def file_family(path: Path) -> Optional[str]:
-    """The family of a single-file checkpoint, by the loader's header detection."""
-    if path.suffix.lower() != ".safetensors":
-        return None
-    header = safetensors_header(path)
-    if header is None:
-        return None
-    from trainer.models import families
-    from trainer.models.flow_families import is_flow_file
-
-    tensors = {k: v for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)}
-    if is_flow_file(set(tensors)):  # FLUX.1 / SD 3.x: the names tell, no shape is needed
-        return "flux1" if any("double_blocks." in k for k in tensors) else "sd3"
-    try:
-        found = families.detect(set(tensors), lambda key: tuple(tensors[key]["shape"]))
-    except (families.ModelLoadError, KeyError, TypeError, IndexError):
-        return None
-    return found.family.name
-
-
 def model_family(model: Any, version: Any = "auto") -> Optional[str]:
     """The family of the form's base model (``model`` and ``model_version`` as the form holds
     them); None when it cannot be told, which shows every family's fields."""
@@ -120,15 +61,9 @@ def model_family(model: Any, version: Any = "auto") -> Optional[str]:
         model_version=version, pretrained_model_name_or_path=model)))
     if named is not None or not model or model.startswith("embedded:"):
         return named
-    path = Path(model).expanduser()
-    try:
-        if path.is_dir():
-            return folder_family(path)
-        if path.is_file():
-            return file_family(path)
-    except OSError:
-        pass
-    return None
+    from trainer.models.detect import family_or_none
+
+    return family_or_none(model)  # the loader's own detection, headers only
 
 
 # --- what the form shows ---------------------------------------------------------------------

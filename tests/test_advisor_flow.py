@@ -166,15 +166,15 @@ def test_the_family_of_a_file_is_read_without_torch(tmp_path):
 
     path = single_file_model(tmp_path, "flux1")["pretrained_model_name_or_path"]
     code = ("import sys\n"
-            "from trainer.models.flow_families import detect_flow_file, is_flow_path\n"
-            f"info = detect_flow_file({path!r})\n"
-            f"assert is_flow_path({path!r}) and not is_flow_path({str(tmp_path / 'ae.st')!r})\n"
+            "from trainer.models.detect import detect_path, family_or_none\n"
+            f"found = detect_path({path!r})\n"
+            f"assert found.is_flow and family_or_none({str(tmp_path / 'ae.st')!r}) is None\n"
             "assert 'torch' not in sys.modules, 'torch was imported'\n"
-            "print(info.family, info.kind)\n")
+            "print(found.flow.family, found.family)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=str(__import__("pathlib").Path(__file__).parents[1]))
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["flux1-dev", "flux"]
+    assert done.stdout.split() == ["flux1-dev", "flux1"]
 
 
 @pytest.mark.parametrize("family,blocks", [("flux1", (3, 4)), ("sd3", (4, 0))])

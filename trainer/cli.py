@@ -109,7 +109,7 @@ def _example_config(args: argparse.Namespace) -> int:
 def _doctor(args: argparse.Namespace) -> int:
     from trainer.tools import doctor
 
-    return doctor.main([])
+    return doctor.main(["--model", args.model] if args.model else [])
 
 
 CORE_COMMANDS = ("train", "doctor", "tiny-model", "example-config")
@@ -128,8 +128,11 @@ def build_parser(command: Optional[str] = None) -> argparse.ArgumentParser:
 
     add_launch_arguments(train)  # --num-processes and the multi-machine rendezvous
     train.set_defaults(func=_train)
-    sub.add_parser("doctor", help="report the device, the torch build and known problems"
-                   ).set_defaults(func=_doctor)
+    doctor = sub.add_parser("doctor", help="report the device, the torch build and known "
+                            "problems")
+    doctor.add_argument("--model", metavar="PATH", help="also say which family a base model "
+                        "is, as train and advise read it, and which parts a file holds")
+    doctor.set_defaults(func=_doctor)
     tiny = sub.add_parser("tiny-model", help="write the embedded tiny SD 1.x model to DIR")
     tiny.add_argument("dir", type=Path)
     tiny.set_defaults(func=_tiny_model)

@@ -73,13 +73,19 @@ def flow_transformer_config(section: Any) -> Optional[dict]:
     if path.is_dir():
         config = path / "transformer" / "config.json"
         return json.loads(config.read_text(encoding="utf-8")) if config.is_file() else None
-    from trainer.models.flow_families import detect_flow_file, header_config, is_flow_path
+    from trainer.models.detect import detect_path
+    from trainer.models.families import ModelLoadError
+    from trainer.models.flow_families import detect_flow_file, header_config
 
     # model_version = "auto" reads the family from the header, as train does
-    if section.model_version not in ("flux1", "sd3") and not (
-            section.model_version == "auto" and is_flow_path(path)):
+    if section.model_version == "auto":
+        try:
+            if not detect_path(path).is_flow:
+                return None
+        except ModelLoadError:
+            return None  # the SD readers report on it
+    elif section.model_version not in ("flux1", "sd3"):
         return None
-
     info = detect_flow_file(path)  # the config the loader builds the transformer from
     given = Path(section.config_dir).expanduser() / "transformer" / "config.json" \
         if section.config_dir else None

@@ -54,6 +54,15 @@ VARIANTS = {"flux1-dev": "dev", "flux1-schnell": "schnell", "sd35-large": "5-lar
             "sd35-medium": "5-medium", "sd3-medium": "medium"}
 REQUIRED = {"flux": ("transformer", "vae", "clip_l", "t5xxl"),
             "sd3": ("transformer", "vae", "clip_l", "clip_g", "t5xxl")}
+WHERE = {"vae": "model.ae", "clip_l": "model.clip_l", "clip_g": "model.clip_g",
+         "t5xxl": "model.t5xxl"}  # the setting that names a part the file lacks
+FILES = {"vae": "the family's VAE (ae.safetensors of black-forest-labs/FLUX.1-schnell or -dev; "
+                "SD 3.5's vae/diffusion_pytorch_model.safetensors)",
+         "clip_l": "clip_l.safetensors (comfyanonymous/flux_text_encoders, or SD 3.5's "
+                   "text_encoders/)",
+         "clip_g": "clip_g.safetensors (SD 3.5's text_encoders/)",
+         "t5xxl": "t5xxl_fp16.safetensors or t5xxl_fp8_e4m3fn.safetensors "
+                  "(comfyanonymous/flux_text_encoders, or SD 3.5's text_encoders/)"}
 LORA = re.compile(r"(^|[._])lora_(unet|te\d?|down|up|A|B)([._]|$)")
 Shape = Callable[[str], tuple[int, ...]]
 
@@ -248,19 +257,6 @@ def detect_flow_file(path: str | Path) -> FlowFileInfo:
     tensors = read_safetensors_header(path).tensors
     return detect_flow(tensors.keys(), lambda k: tuple(tensors[k]["shape"]),
                        lambda k: tensors[k]["dtype"])
-
-
-def is_flow_path(path: str | Path) -> bool:
-    """Whether ``path`` is a ``.safetensors`` file whose header is a FLUX.1 / SD 3.x model
-    (header only, without torch); False for anything else, which the SD readers report on."""
-    from trainer.models.file_checks import ModelFileError, read_safetensors_header
-
-    if Path(path).suffix.lower() != ".safetensors":
-        return False
-    try:
-        return is_flow_file(list(read_safetensors_header(path).tensors))
-    except (ModelFileError, OSError):
-        return False
 
 
 def is_flow_file(keys: Collection[str]) -> bool:

@@ -16,25 +16,22 @@ variant for people and for the files' metadata:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Optional
 
 from trainer.models.families import ModelLoadError
 
 FIELD = "model.pretrained_model_name_or_path"
-PIPELINES = {"FluxPipeline": "flux1", "StableDiffusion3Pipeline": "sd3"}
 T5_LENGTHS = {"dev": 512, "schnell": 256}
 SD3_T5_LENGTH = 256
 
 
 def folder_flow_family(path: Path) -> Optional[str]:
     """``flux1`` / ``sd3`` for a diffusers folder of those pipelines, else None."""
-    try:
-        index = json.loads((path / "model_index.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return PIPELINES.get(index.get("_class_name", ""))
+    from trainer.models.detect import Found, folder_family
+
+    family = folder_family(path)
+    return family if family and Found(family, "", "").is_flow else None
 
 
 def variant_of(family: str, transformer_config: Any) -> str:

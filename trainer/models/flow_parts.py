@@ -29,19 +29,17 @@ from typing import Any, Optional
 import torch
 
 from trainer.models.families import ModelLoadError
-from trainer.models.flow_families import TEXT_MARKERS, TEXT_PREFIXES, FlowFileInfo
+from trainer.models.flow_families import (
+    FILES,
+    TEXT_MARKERS,
+    TEXT_PREFIXES,
+    FlowFileInfo,
+)
 
 FLUX_WIDTH = 3072  # the width diffusers' FLUX converter assumes
 COMPONENTS = {"flux": {"clip_l": "text_encoder", "t5xxl": "text_encoder_2"},
               "sd3": {"clip_l": "text_encoder", "clip_g": "text_encoder_2",
                       "t5xxl": "text_encoder_3"}}
-FILES = {"vae": "the family's VAE (ae.safetensors of black-forest-labs/FLUX.1-schnell or -dev; "
-                "SD 3.5's vae/diffusion_pytorch_model.safetensors)",
-         "clip_l": "clip_l.safetensors (comfyanonymous/flux_text_encoders, or SD 3.5's "
-                   "text_encoders/)",
-         "clip_g": "clip_g.safetensors (SD 3.5's text_encoders/)",
-         "t5xxl": "t5xxl_fp16.safetensors or t5xxl_fp8_e4m3fn.safetensors "
-                  "(comfyanonymous/flux_text_encoders, or SD 3.5's text_encoders/)"}
 OTHER_PREFIXES = ("cond_stage_model.transformer.", "conditioner.embedders.0.transformer.",
                   "transformer.")
 

@@ -35,15 +35,16 @@ import torch
 
 from trainer.models.families import ModelLoadError
 from trainer.models.flow_families import (
+    FILES,
     REQUIRED,
     VAE_PREFIXES,
+    WHERE,
     FlowFileInfo,
     detect_flow,
     header_config,
 )
 from trainer.models.flow_parts import (
     COMPONENTS,
-    FILES,
     Weights,
     build_text_encoder,
     build_transformer,
@@ -51,10 +52,6 @@ from trainer.models.flow_parts import (
     text_prefix,
 )
 from trainer.models.flow_tokenizers import load_flow_tokenizers
-
-WHERE = {"vae": "model.ae", "clip_l": "model.clip_l", "clip_g": "model.clip_g",
-         "t5xxl": "model.t5xxl"}
-
 
 # --- configs ----------------------------------------------------------------------------------
 

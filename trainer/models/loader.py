@@ -113,10 +113,9 @@ def load_base_model(section: ModelSection, dtype: Any = None, t5_frozen: bool = 
         cached = _cache_folder(path, section) if section.cache_as_diffusers else None
         if cached is not None and (cached / CACHE_INFO).is_file():
             return _from_cache(cached, path, section)
-        from trainer.models.flow_families import is_flow_path
         from trainer.models.flow_loader import load_flow_file
 
-        if is_flow_path(path):
+        if _flow_file(path):
             model = BaseModel(**load_flow_file(path, section, dtype, t5_frozen,
                                                defer_denoiser and cached is None))
         else:
@@ -131,20 +130,25 @@ def load_base_model(section: ModelSection, dtype: Any = None, t5_frozen: bool = 
 # --- diffusers folders ------------------------------------------------------------------------
 
 
+def _flow_file(path: Path) -> bool:
+    """Whether the file is FLUX.1 / SD 3.x (:func:`trainer.models.detect.detect_path`); for
+    another, the UNet families' loader reports what it holds."""
+    from trainer.models.detect import detect_path
+
+    try:
+        return detect_path(path).is_flow
+    except ModelLoadError:
+        return False
+
+
 def _folder_version(path: Path) -> str:
     """The family of a diffusers folder, from its JSON files (no weights read)."""
-    index = path / "model_index.json"
-    if not index.is_file():
+    from trainer.models.detect import folder_family
+
+    if not (path / "model_index.json").is_file():
         raise ModelLoadError(f"{FIELD} = {str(path)!r}: the folder has no model_index.json; "
                              f"it must be a diffusers Stable Diffusion folder")
-    if "text_encoder_2" in json.loads(index.read_text(encoding="utf-8")):
-        return "sdxl"
-    try:
-        te = json.loads((path / "text_encoder" / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return "sd1"  # the component load below names what is missing
-    # OpenCLIP (SD 2.x) is 1024 wide with GELU; CLIP ViT-L (SD 1.x) uses quick_gelu
-    return "sd2" if te.get("hidden_size") == 1024 or te.get("hidden_act") == "gelu" else "sd1"
+    return folder_family(path) or "sd1"  # the component load below names what is missing
 
 
 def _check_folder_version(detected: str, requested: str, width: int) -> str:

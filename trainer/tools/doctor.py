@@ -64,6 +64,7 @@ class Report:
     findings: tuple[Finding, ...]
     models: tuple[tuple[str, str], ...] = ()  # (family, can a single file of it load offline)
     cpu_bf16: str = ""  # the CPU's bf16 units and measured speed (tools/cpu_bf16_report.py)
+    model: tuple[str, ...] = ()  # --model: what the path holds (tools/model_report.py)
 
     @property
     def usable(self) -> bool:
@@ -269,6 +270,8 @@ def render(report: Report) -> str:
     lines = ["kohya-studio doctor", ""] + [f"  {k:<20}{v}" for k, v in rows] + [""]
     if report.cpu_bf16:
         lines += [report.cpu_bf16, ""]
+    if report.model:
+        lines += [*report.model, ""]
     if report.models:
         lines += ["  Single .safetensors/.ckpt files load offline with the built-in configs and a "
                   "tokenizer:"] + [f"    {k:<18}{v}" for k, v in report.models] + [""]
@@ -318,8 +321,16 @@ def main(
         description="Report the torch build and the training device, test it with a small "
                     "matmul, and explain known driver/torch mismatches.",
     )
-    parser.parse_args(list(argv) if argv is not None else [])
+    parser.add_argument("--model", metavar="PATH",
+                        help="also say which family a base model (a diffusers folder or a "
+                             ".safetensors file) is, as train and advise read it, and which "
+                             "of its parts the file holds")
+    args = parser.parse_args(list(argv) if argv is not None else [])
     report = build_report(probes, torch_module)
+    if args.model:
+        from trainer.tools.model_report import model_lines
+
+        report = dataclasses.replace(report, model=tuple(model_lines(args.model)))
     if torch_module is None:  # the real CPU (issue 20): its bf16 units and measured ratios
         from trainer.tools.cpu_bf16_report import cpu_bf16_report
 

@@ -1,0 +1,38 @@
+"""The doctor's lines on a base model path (``python -m trainer doctor --model PATH``): what the
+loader's detection reads in it (:func:`trainer.models.detect.detect_path`, headers only, no
+torch), which parts a FLUX.1 / SD 3.x file holds and which settings name the others, and
+whether the family's tokenizers are in the Hugging Face cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def model_lines(path: str) -> list[str]:
+    """Plain-text lines in the doctor's layout."""
+    from trainer.models.detect import detect_path
+    from trainer.models.families import ModelLoadError
+
+    head = f"  {'Model':<20}"
+    if not Path(path).expanduser().exists():
+        return [f"{head}{path}: no such file or folder"]
+    try:
+        found = detect_path(path)
+    except ModelLoadError as exc:
+        return [f"{head}{path}: cannot tell its family: {exc}"]
+    lines = [f"{head}{found.description}, {found.layout}",
+             f"  {'':<20}model.model_version = 'auto' reads it as {found.family!r}; train, "
+             f"advise and the GUI read it the same way"]
+    if found.flow is not None:
+        lines += _parts(found.flow)
+    return lines
+
+
+def _parts(info) -> list[str]:
+    from trainer.models.flow_families import FILES, REQUIRED, WHERE
+
+    inside = [p for p in REQUIRED[info.kind] if p in info.prefixes]
+    missing = [p for p in REQUIRED[info.kind] if p not in info.prefixes]
+    lines = [f"  {'':<20}holds: {', '.join(inside)}"]
+    lines += [f"  {'':<20}set {WHERE[p]} to {FILES[p]}" for p in missing]
+    return lines
