@@ -39,7 +39,12 @@ class Found:
 
     @property
     def is_flow(self) -> bool:
-        return self.family in FLOW_LABELS
+        return is_flow(self.family)
+
+
+def is_flow(family: Optional[str]) -> bool:
+    """Whether ``family`` is one of the flow transformers' (FLUX.1, SD 3.x)."""
+    return family in FLOW_LABELS
 
 
 def _json(path: Path) -> Optional[dict[str, Any]]:

@@ -28,10 +28,10 @@ SD3_T5_LENGTH = 256
 
 def folder_flow_family(path: Path) -> Optional[str]:
     """``flux1`` / ``sd3`` for a diffusers folder of those pipelines, else None."""
-    from trainer.models.detect import Found, folder_family
+    from trainer.models.detect import folder_family, is_flow
 
     family = folder_family(path)
-    return family if family and Found(family, "", "").is_flow else None
+    return family if is_flow(family) else None
 
 
 def variant_of(family: str, transformer_config: Any) -> str:

@@ -133,12 +133,9 @@ def load_base_model(section: ModelSection, dtype: Any = None, t5_frozen: bool = 
 def _flow_file(path: Path) -> bool:
     """Whether the file is FLUX.1 / SD 3.x (:func:`trainer.models.detect.detect_path`); for
     another, the UNet families' loader reports what it holds."""
-    from trainer.models.detect import detect_path
+    from trainer.models.detect import family_or_none, is_flow
 
-    try:
-        return detect_path(path).is_flow
-    except ModelLoadError:
-        return False
+    return is_flow(family_or_none(path))
 
 
 def _folder_version(path: Path) -> str:
