@@ -131,3 +131,22 @@ def test_a_lora_trains_on_layers_quantized_at_load_as_on_the_old_path(tmp_path, 
     assert not any("quantized as the file loaded" in m for m in old_logs)
     assert wrapped[1] == wrapped[0]
     assert losses == old
+
+
+def test_int8_statistics_follow_a_weight_that_moved():
+    """``Module.to`` sets a moved weight's ``.data`` but leaves int8's ``CB`` (the int8 weight
+    itself) pointing at the host tensor: place_state points it at the moved one, so the first
+    forward does not take the host copy back (no GPU here: a fresh host tensor stands in for
+    the device copy)."""
+    layers = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64))
+    quantize_linears(layers, "int8", torch.bfloat16, torch.device("cpu"), SKIP_PATTERNS)
+    moved, kept = layers
+    host = kept.weight.CB
+    moved.weight.data = moved.weight.data.clone()  # what Module.to does on a move
+    assert moved.weight.CB.data_ptr() != moved.weight.data.data_ptr()
+    quantize.place_state(layers, torch.device("cpu"), lambda p: p is moved.weight)
+    assert moved.weight.CB.data_ptr() == moved.weight.data.data_ptr()
+    assert kept.weight.CB is host  # a swapped block's (on the device with CUDA)
+    x = torch.randn(2, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert torch.isfinite(layers(x)).all()
