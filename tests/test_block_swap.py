@@ -105,3 +105,36 @@ def test_swap_needs_checkpointing_and_a_device():
     check_memory_options(cfg, "cuda", "CUDA")
     with pytest.raises(ValueError, match="blocks_to_swap = 9"):
         BlockSwapper([torch.nn.Linear(1, 1)] * 3, 9, torch.device("cpu"))
+
+
+def test_swapped_weights_are_pinned_from_themselves_unit_by_unit():
+    """On CUDA each swapped weight is pinned from the host tensor itself (no copy first), and a
+    unit's unpinned weights are let go before the next unit's are pinned, so the set-up holds at
+    most one unit twice, not the whole swapped set. No CUDA here: the pin function is the seam
+    (a clone stands in for a pinned copy)."""
+    model, inputs, _ = _flux()
+    model.requires_grad_(False)
+    with torch.no_grad():
+        want = model(**inputs)[0]
+    units = swap_units(model)
+    unit_of = {p.data.data_ptr(): i for i, u in enumerate(units) for p in u.parameters()}
+    pinned: set[int] = set()
+    order: list[int] = []
+
+    def pin(tensor: torch.Tensor) -> torch.Tensor:
+        assert tensor.data_ptr() in unit_of  # the weight itself, not a copy of it
+        index = unit_of[tensor.data_ptr()]
+        order.append(index)
+        earlier = [p for u in units[:index] for p in u.parameters()]  # all are swapped
+        assert all(p.data.data_ptr() in pinned for p in earlier)  # their unpinned ones gone
+        copy = tensor.clone()
+        pinned.add(copy.data_ptr())
+        return copy
+
+    swapper = BlockSwapper(units, len(units), torch.device("cpu"), pin=pin)
+    assert order == sorted(order) and set(order) == set(range(len(units)))
+    assert all(p.data.data_ptr() in pinned for u in units for p in u.parameters())
+    assert {h.data_ptr() for pairs in swapper.host.values() for _, h in pairs} == pinned
+    with torch.no_grad():
+        assert torch.equal(model(**inputs)[0], want)
+    swapper.remove()

@@ -3,7 +3,8 @@
 The units are the modules that diffusers' gradient checkpointing runs one at a time: the
 transformer blocks of FLUX.1 / SD 3.5 (double then single), the ResNet and attention modules
 of a UNet's down, mid and up blocks. The last ``n`` of them in forward order keep their frozen
-weights in host memory (pinned on CUDA) and visit the device twice a step:
+weights in host memory (pinned on CUDA, unit by unit: the unpinned weights go as each unit is
+pinned) and visit the device twice a step:
 
 - forward: moved in just before the unit runs, out right after (checkpointing saved nothing
   of its weights);
@@ -54,14 +55,23 @@ def _in_backward() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
+def pin_memory(tensor: torch.Tensor) -> torch.Tensor:
+    """A pinned (page-locked) copy of a host tensor: what CUDA copies from asynchronously."""
+    return tensor.pin_memory()
+
+
 class BlockSwapper:
     """Hooks that move the frozen weights of ``units[-n:]`` between host and ``device``.
 
     ``on_move(index, direction)`` is called at every move ("in" / "out"; the tests count them).
+    ``pin``: how a host weight is pinned (:func:`pin_memory` on CUDA, none elsewhere); each
+    unit's weights are pinned and their unpinned tensors let go before the next unit's, so the
+    set-up holds at most one unit twice.
     """
 
     def __init__(self, units: list[torch.nn.Module], n: int, device: torch.device,
-                 on_move: Optional[Callable[[int, str], None]] = None):
+                 on_move: Optional[Callable[[int, str], None]] = None,
+                 pin: Optional[Callable[[torch.Tensor], torch.Tensor]] = None):
         if not 1 <= n <= len(units):
             raise ValueError(f"training.blocks_to_swap = {n}: this model has {len(units)} "
                              f"blocks that can be swapped; set 1 to {len(units)}")
@@ -70,6 +80,7 @@ class BlockSwapper:
         self.units = units
         self.on_move = on_move
         self.cuda = self.device.type == "cuda"
+        self.pin = pin or (pin_memory if self.cuda else None)
         self.stream = side_stream(self.device) if self.cuda else None
         self.host: dict[int, list[tuple[torch.nn.Parameter, torch.Tensor]]] = {}
         self.ready: dict[int, Any] = {}  # index -> the copy's event (CUDA) or True
@@ -89,9 +100,11 @@ class BlockSwapper:
             if param.requires_grad:
                 param.data = param.data.to(self.device)
                 continue
-            host = param.data.to("cpu", copy=True)
-            pairs.append((param, host.pin_memory() if self.cuda else host))
-            param.data = host if not self.cuda else pairs[-1][1]
+            host = param.data.to("cpu")  # the weight itself where it is on the host already
+            if self.pin is not None:
+                host = self.pin(host)
+            param.data = host  # the unpinned tensor goes (a view's buffer with its unit)
+            pairs.append((param, host))
         for buffer_owner in unit.modules():
             for name, buf in list(buffer_owner._buffers.items()):
                 if buf is not None:

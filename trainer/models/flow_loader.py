@@ -87,7 +87,8 @@ def load_flow_file(path: Path, section: Any, dtype: Any = None, t5_frozen: bool 
     built in ``dtype`` (the run's compute dtype: a 12B FLUX.1 in fp32 is 48 GB), but for the
     weights that fp8 storage keeps, which load into fp8: the transformer's with
     ``model.base_precision = "fp8"``, T5's with ``model.fp8_text_encoders`` when the run does
-    not train it (``t5_frozen``). ``defer_denoiser``: the transformer is built later, by the
+    not train it (``t5_frozen``); with ``"nf4"`` / ``"int8"`` the transformer's Linear layers
+    are quantized as they load. ``defer_denoiser``: the transformer is built later, by the
     ``build_denoiser`` field (trainer/run/text_first.py)."""
     import torch
 
@@ -108,6 +109,8 @@ def load_flow_file(path: Path, section: Any, dtype: Any = None, t5_frozen: bool 
                                  dtype=dtype or torch.float32,
                                  fp8_transformer=section.base_precision == "fp8",
                                  fp8_t5=section.fp8_text_encoders and t5_frozen,
+                                 quantize_transformer=section.base_precision
+                                 if section.base_precision in ("nf4", "int8") else None,
                                  defer_transformer=defer_denoiser)
     transformer = parts.pop("transformer")
     return dict(parts, unet=transformer, noise_scheduler=parts.pop("scheduler"),

@@ -3,12 +3,14 @@ file holds which part and the configs are trainer/models/flow_single_file.py).
 
 - **The transformer** streams from the file tensor by tensor into its meta-built modules
   (trainer/models/streamed_load.py), in the compute dtype, or with fp8 storage
-  (``model.base_precision = "fp8"``) into fp8 as the tensors arrive: the whole transformer is
-  never held in the compute dtype. diffusers' own converter
-  (``FluxTransformer2DModel`` / ``SD3Transformer2DModel.from_single_file``) runs on meta
-  tensors; one exception: diffusers 0.42's FLUX converter splits ``single_blocks.N.linear1``
-  with FLUX.1's fixed width (3072), so for another width (a test model) ``linear1`` is split
-  here by the header's width and diffusers converts the rest.
+  (``model.base_precision = "fp8"``) into fp8 as the tensors arrive, with ``"nf4"`` /
+  ``"int8"`` into bitsandbytes' layers, each weight quantized as it arrives
+  (trainer/models/quantize.py): the whole transformer is never held in the compute dtype.
+  diffusers' own converter (``FluxTransformer2DModel`` /
+  ``SD3Transformer2DModel.from_single_file``) runs on meta tensors; one exception: diffusers
+  0.42's FLUX converter splits ``single_blocks.N.linear1`` with FLUX.1's fixed width (3072),
+  so for another width (a test model) ``linear1`` is split here by the header's width and
+  diffusers converts the rest.
 - **The VAE** is diffusers' ``AutoencoderKL.from_single_file`` of its tensors.
 - **The text encoders** are transformers' own names in every known file (``text_model.*``,
   ``encoder.block.*``): built on the meta device from their config and filled a group of
@@ -130,11 +132,13 @@ def flux_linear1(tensors: dict[str, torch.Tensor], info: FlowFileInfo) -> dict[s
 
 
 def build_transformer(weights: Weights, info: FlowFileInfo, root: Path, dtype: torch.dtype,
-                      fp8: bool = False):
+                      fp8: bool = False, quantized: Optional[str] = None):
     """The transformer, streamed from the file tensor by tensor into its modules
     (trainer/models/streamed_load.py); with ``fp8`` (model.base_precision = "fp8") every layer
-    that fp8 storage holds is stored in fp8 as its tensors arrive, so the whole transformer is
-    never held in ``dtype`` (FLUX.1-dev: 11.9 GB in fp8, 23.8 GB in bf16)."""
+    that fp8 storage holds is stored in fp8 as its tensors arrive, with ``quantized`` ("nf4" /
+    "int8") every Linear layer that bitsandbytes holds is quantized as its weight arrives
+    (trainer/models/quantize.py), so the whole transformer is never held in ``dtype``
+    (FLUX.1-dev: 11.9 GB in fp8, about 6.7 in NF4, 23.8 in bf16)."""
     from diffusers import FluxTransformer2DModel, SD3Transformer2DModel
 
     from trainer.models.streamed_load import NotStreamable, SafetensorsReader, load_streamed
@@ -157,11 +161,11 @@ def build_transformer(weights: Weights, info: FlowFileInfo, root: Path, dtype: t
 
     try:
         try:
-            # with fp8, diffusers fills in ``dtype`` but skips its closing model.to(dtype),
-            # which would upcast every stored weight at once
+            # with a storage, diffusers fills in ``dtype`` but skips its closing
+            # model.to(dtype), which would upcast every stored weight at once
+            storage = fp8_storage(dtype) if fp8 else _quantized_storage(quantized, dtype)
             module = load_streamed(SafetensorsReader(weights.path), keys,
-                                   lambda t: build(t, cast=not fp8),
-                                   fp8_storage(dtype) if fp8 else None, dtype)
+                                   lambda t: build(t, cast=storage is None), storage, dtype)
         except NotStreamable:
             module = build(weights.take(prefix, dtype, exclude=others if not prefix else ()))
     except Exception as exc:  # noqa: BLE001 - shape mismatches, missing keys, ...
@@ -172,7 +176,21 @@ def build_transformer(weights: Weights, info: FlowFileInfo, root: Path, dtype: t
 
         to_compute_dtype(module, dtype)  # the buffers that no tensor of the file filled
         store_fp8(module.requires_grad_(False), dtype)  # the hooks; cast what is not yet
+    elif quantized:
+        from trainer.models.memory import to_compute_dtype
+
+        to_compute_dtype(module, dtype)  # the buffers that no tensor of the file filled
     return module
+
+
+def _quantized_storage(kind: Optional[str], dtype: torch.dtype) -> Any:
+    """NF4 / int8 as the weights arrive, on the layers that MemoryPlan.begin would quantize."""
+    if not kind:
+        return None
+    from trainer.models.memory import SKIP_PATTERNS
+    from trainer.models.quantize import quantized_storage
+
+    return quantized_storage(kind, dtype, SKIP_PATTERNS)
 
 
 def fp8_storage(dtype: torch.dtype, skip: Optional[tuple[str, ...]] = None) -> Any:

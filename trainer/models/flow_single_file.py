@@ -15,7 +15,8 @@ tokenizers, ``scheduler``), so a FLUX.1 file and a diffusers folder end in the s
   transformer whose header is not the published size gets the header's shapes
   (``FlowFileInfo.transformer_config``), FLUX's rotary axes from its head width.
 - **Memory**: the transformer streams from the file into its modules, in ``dtype`` or, with
-  ``fp8_transformer``, into fp8 storage as its tensors arrive; the text encoders fill a group
+  ``fp8_transformer``, into fp8 storage as its tensors arrive (with ``quantize_transformer``,
+  into bitsandbytes' NF4 / int8 layers); the text encoders fill a group
   of tensors at a time (T5 into fp8 with ``fp8_t5``); the file is never held twice. Other fp8
   (``float8_e4m3fn``) weights are upcast to ``dtype`` as they are read.
 - **No network**: configs are local files, tokenizers come from
@@ -121,14 +122,15 @@ def _vae_prefix(weights: Weights) -> str:
     return ""
 
 
-def _transformer_later(path: Path, info: FlowFileInfo, conf: Optional[Path], fp8: bool
-                       ) -> Callable[[torch.dtype], Any]:
+def _transformer_later(path: Path, info: FlowFileInfo, conf: Optional[Path], fp8: bool,
+                       quantized: Optional[str] = None) -> Callable[[torch.dtype], Any]:
     """``build(dtype)``: the file's transformer (see :func:`build_transformer`)."""
 
     def build(dtype: torch.dtype) -> Any:
         with ExitStack() as stack:
             main = Weights(path, "model.pretrained_model_name_or_path")
-            return build_transformer(main, info, _transformer_root(info, conf, stack), dtype, fp8)
+            return build_transformer(main, info, _transformer_root(info, conf, stack), dtype, fp8,
+                                     quantized)
 
     return build
 
@@ -139,6 +141,7 @@ def load_flow_components(transformer_file: str | Path, *, ae: Optional[str] = No
                          tokenizer: Optional[str] = None,
                          dtype: torch.dtype = torch.float32,
                          fp8_transformer: bool = False, fp8_t5: bool = False,
+                         quantize_transformer: Optional[str] = None,
                          defer_transformer: bool = False) -> dict[str, Any]:
     """The pipeline components of a FLUX.1 / SD 3.x single file; see the module's notes.
 
@@ -146,7 +149,9 @@ def load_flow_components(transformer_file: str | Path, *, ae: Optional[str] = No
     ``config_dir`` ``model.config_dir``, ``tokenizer`` ``model.tokenizer``; ``dtype`` the
     dtype the modules are built in (fp8 files are upcast to it); ``fp8_transformer``
     (model.base_precision = "fp8") and ``fp8_t5`` (model.fp8_text_encoders, T5 not trained)
-    load the frozen transformer and T5 into fp8 storage instead. ``defer_transformer``: the
+    load the frozen transformer and T5 into fp8 storage instead; ``quantize_transformer``
+    ("nf4" / "int8", model.base_precision) quantizes the transformer's Linear layers as their
+    weights arrive (trainer/models/quantize.py). ``defer_transformer``: the
     transformer is not built now: ``transformer`` is None and ``build_transformer(dtype)``
     builds it from the file later (so that T5 can be used and let go first).
     """
@@ -164,7 +169,7 @@ def load_flow_components(transformer_file: str | Path, *, ae: Optional[str] = No
         sources = _sources(info, main, settings)
         parts: dict[str, Any] = load_flow_tokenizers(info.family, tokenizer, path)
         _transformer_root(info, conf, stack)  # a config it cannot build fails now
-        later = _transformer_later(path, info, conf, fp8_transformer)
+        later = _transformer_later(path, info, conf, fp8_transformer, quantize_transformer)
         parts["transformer"] = None if defer_transformer else later(dtype)
         if defer_transformer:
             parts["build_transformer"] = later

@@ -5,8 +5,8 @@ The run calls this module twice around the method's ``prepare`` (trainer/run/ses
 - :meth:`MemoryPlan.begin`, before anything moves to the device: refuses what the backend
   cannot run (naming the option and the backend), casts the modules it places itself to the
   compute dtype on the host and, for ``nf4`` / ``int8``, replaces the denoiser's frozen Linear
-  layers by bitsandbytes' (before the adapters are injected: peft wraps bitsandbytes layers
-  with its own QLoRA layers);
+  layers by bitsandbytes' (trainer/models/quantize.py; before the adapters are injected),
+  where the loader has not quantized them as they arrived already (a single file);
 - :meth:`MemoryPlan.finish`, after the adapters exist: stores the frozen weights in fp8
   (``model.base_precision = "fp8"``, ``model.fp8_text_encoders``), then moves what it placed to
   the device, but for the blocks that ``training.blocks_to_swap`` keeps in host memory
@@ -32,11 +32,13 @@ value, so the loader's upcast and this module's cast back are lossless.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any, Optional
 
 import torch
+
+from trainer.models import quantize
+from trainer.models.quantize import load_bitsandbytes
 
 FP8 = torch.float8_e4m3fn
 # Layers kept at the compute precision: the embedders of the latents, the time and the text,
@@ -103,29 +105,11 @@ def bitsandbytes_problem(backend: str) -> Optional[str]:
     return None
 
 
-def load_bitsandbytes() -> Any:
-    """bitsandbytes, imported now (the trainer defers it: trainer/system/lazy_imports.py), and
-    peft told so: it remembers whether bitsandbytes was there when first asked."""
-    from trainer.system.lazy_imports import import_bitsandbytes
-
-    bnb = import_bitsandbytes()
-    try:
-        from peft import import_utils
-    except ImportError:
-        return bnb
-    for name in ("is_bnb_available", "is_bnb_4bit_available"):
-        cache_clear = getattr(getattr(import_utils, name, None), "cache_clear", None)
-        if cache_clear:
-            cache_clear()
-    return bnb
-
-
 def _probe_device(backend: str) -> str:
     return {"cuda": "cuda", "rocm": "cuda", "xpu": "xpu"}.get(backend, "cpu")
 
 
-def _skipped(name: str, patterns: tuple[str, ...]) -> bool:
-    return any(re.search(p, name) for p in patterns)
+_skipped = quantize.skipped
 
 
 # The layer types whose weights fp8 storage holds (diffusers' layerwise casting's list).
@@ -212,8 +196,8 @@ def store_fp8(module: torch.nn.Module, compute_dtype: torch.dtype,
 
 
 def to_compute_dtype(module: torch.nn.Module, dtype: torch.dtype) -> None:
-    """``module.to(dtype)``, but for the weights that are stored in fp8 already."""
-    if not any(p.dtype == FP8 for p in module.parameters()):
+    """``module.to(dtype)``, but for the weights stored in fp8 or quantized already."""
+    if not any(p.dtype == FP8 or not p.dtype.is_floating_point for p in module.parameters()):
         module.to(dtype)
         return
     for sub in module.modules():
@@ -233,37 +217,9 @@ def _ancestors(name: str) -> list[str]:
 
 def quantize_linears(module: torch.nn.Module, kind: str, compute_dtype: torch.dtype,
                      device: torch.device, skip: tuple[str, ...] = SKIP_PATTERNS) -> int:
-    """Replace the frozen ``nn.Linear`` layers of ``module`` by bitsandbytes' 4-bit (NF4) or
-    8-bit ones, quantized on ``device``; returns how many. Done before peft injects: peft wraps
-    bitsandbytes layers in its QLoRA layers."""
-    patterns = skip
-    targets = [(n, m) for n, m in module.named_modules()
-               if type(m) is torch.nn.Linear and not _skipped(n, patterns)]
-    for name, linear in targets:
-        parent_name, _, child = name.rpartition(".")
-        parent = module.get_submodule(parent_name) if parent_name else module
-        setattr(parent, child, _bnb_linear(linear, kind, compute_dtype, device))
-    return len(targets)
-
-
-def _bnb_linear(linear: torch.nn.Linear, kind: str, compute_dtype: torch.dtype,
-                device: torch.device) -> torch.nn.Module:
-    bnb = load_bitsandbytes()
-    bias = linear.bias is not None
-    weight = linear.weight.data.to(compute_dtype)
-    if kind == "nf4":
-        new = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=bias,
-                                compute_dtype=compute_dtype, quant_type="nf4", device="meta")
-        param = bnb.nn.Params4bit(weight, requires_grad=False, quant_type="nf4")
-    else:
-        new = bnb.nn.Linear8bitLt(linear.in_features, linear.out_features, bias=bias,
-                                  has_fp16_weights=False, device="meta")
-        param = bnb.nn.Int8Params(weight, requires_grad=False, has_fp16_weights=False)
-    new.weight = param._quantize(device) if device.type == "cpu" else param.to(device)
-    if bias:
-        new.bias = torch.nn.Parameter(linear.bias.data.to(device, compute_dtype),
-                                      requires_grad=False)
-    return new.requires_grad_(False)
+    """Replace the frozen ``nn.Linear`` layers of ``module`` by bitsandbytes' NF4 / int8 ones,
+    quantized on ``device`` (trainer/models/quantize.py); returns how many."""
+    return quantize.quantize_linears(module, kind, compute_dtype, device, skip)
 
 
 class MemoryPlan:
@@ -306,9 +262,11 @@ class MemoryPlan:
                 # stored by the loader: computed in the run's precision
                 store_fp8(module, self.dtype, T5_SKIP if module is self.t5 else SKIP_PATTERNS)
         if self.base in QUANTIZED:
+            loaded = quantize.set_compute_dtype(self.model.unet, self.dtype)  # by the loader
             count = quantize_linears(self.model.unet, self.base, self.dtype, self.device)
-            log(f"Base weights: {count} Linear layers of the denoiser in {self.base} "
-                f"(bitsandbytes), the adapters in full precision")
+            how = " (quantized as the file loaded)" if loaded else ""
+            log(f"Base weights: {count + loaded} Linear layers of the denoiser in {self.base} "
+                f"(bitsandbytes){how}, the adapters in full precision")
 
     def finish(self, log: Callable[[str], None]) -> None:
         """After the adapters exist: fp8 storage, then the held modules to the device."""
@@ -324,6 +282,7 @@ class MemoryPlan:
                 self._install_swap(log)
             else:
                 module.to(self.device)
+                quantize.place_state(module, self.device)
 
     def _install_swap(self, log: Callable[[str], None]) -> None:
         from trainer.models.block_swap import BlockSwapper, swap_units
@@ -337,6 +296,7 @@ class MemoryPlan:
             for name, buf in list(module._buffers.items()):
                 if buf is not None:
                     module._buffers[name] = buf.to(self.device)
+        quantize.place_state(self.model.unet, self.device, lambda p: id(p) not in swapped)
         self.swapper = BlockSwapper(units, self.swap, self.device)
         log(f"Block swap: {self.swap} of the denoiser's {len(units)} blocks live in host "
             f"memory and visit the device as they run")

@@ -117,18 +117,21 @@ def _groups(state_dict: dict[str, Any]) -> Iterator[list[tuple[str, Any]]]:
 
 @dataclass
 class Storage:
-    """Weights that arrive in a storage dtype of their own (fp8 storage) rather than the
-    loader's: ``select(model)`` names them once the model is built; each is set as
-    ``convert(tensor)`` of the file's tensor, never cast to the loader's dtype first."""
+    """Weights that arrive in a storage form of their own (fp8, bitsandbytes' NF4 / int8)
+    rather than the loader's dtype: ``select(model)`` names them once the model is built (and
+    may swap in the layers that hold them); each is set as ``convert(tensor)`` of the file's
+    tensor, never cast to the loader's dtype first, or by ``place(model, name, tensor)``."""
 
     select: Callable[[torch.nn.Module], set[str]]
     convert: Callable[[torch.Tensor], torch.Tensor]
+    place: Optional[Callable[[torch.nn.Module, str, torch.Tensor], None]] = None
 
 
 def fill(model: torch.nn.Module, tensors: dict[str, torch.Tensor], names: set[str],
          storage: Storage, load: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
     """``load(model, tensors, ...)`` (diffusers' ``load_model_dict_into_meta``) for all but
-    ``names``, which are set in their storage dtype (a full-width copy of them is never made)."""
+    ``names``, which are set in their storage form (a full-width copy of them is never made,
+    but for one tensor's while ``storage`` quantizes it)."""
     from accelerate.utils import set_module_tensor_to_device
 
     load(model, {n: t for n, t in tensors.items() if n not in names}, *args, **kwargs)
@@ -137,6 +140,9 @@ def fill(model: torch.nn.Module, tensors: dict[str, torch.Tensor], names: set[st
         if tuple(tensors[name].shape) != expected:
             raise ValueError(f"{name}: the file's tensor has shape {tuple(tensors[name].shape)},"
                              f" the model's {expected}")
+        if storage.place is not None:
+            storage.place(model, name, tensors[name])
+            continue
         value = storage.convert(tensors[name])
         set_module_tensor_to_device(model, name, "cpu", value=value, dtype=value.dtype)
 
