@@ -58,12 +58,13 @@ def targets(module: torch.nn.Module, skip: tuple[str, ...]
 
 
 def quantized_layers(module: torch.nn.Module) -> list[torch.nn.Module]:
-    """The bitsandbytes Linear layers of ``module`` (none when bitsandbytes is not loaded)."""
+    """The bitsandbytes Linear layers of ``module`` (none when bitsandbytes is not loaded, or
+    deferred: trainer/system/lazy_imports.py marks it None)."""
     import sys
 
-    if "bitsandbytes" not in sys.modules:
+    bnb = sys.modules.get("bitsandbytes")  # None while it is deferred (lazy_imports)
+    if bnb is None:
         return []
-    bnb = sys.modules["bitsandbytes"]
     kinds = (bnb.nn.Linear4bit, bnb.nn.Linear8bitLt)
     return [m for m in module.modules() if isinstance(m, kinds)]
 
