@@ -24,12 +24,13 @@ import json
 import math
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
 from trainer.models.families import ModelLoadError
 from trainer.models.flow_families import TEXT_MARKERS, TEXT_PREFIXES, FlowFileInfo
+from trainer.models.memory import fp8_storage
 
 FLUX_WIDTH = 3072  # the width diffusers' FLUX converter assumes
 COMPONENTS = {"flux": {"clip_l": "text_encoder", "t5xxl": "text_encoder_2"},
@@ -175,22 +176,6 @@ def build_transformer(weights: Weights, info: FlowFileInfo, root: Path, dtype: t
         to_compute_dtype(module, dtype)  # the buffers that no tensor of the file filled
         store_fp8(module.requires_grad_(False), dtype)  # the hooks; cast what is not yet
     return module
-
-
-def fp8_storage(dtype: torch.dtype, skip: Optional[tuple[str, ...]] = None) -> Any:
-    """The weights that fp8 storage holds (trainer/models/memory.py) arrive in fp8: an fp8
-    file's tensor as it is, another one cast by way of ``dtype`` (the values that storing a
-    ``dtype``-built model in fp8 gives)."""
-    from trainer.models.memory import FP8, SKIP_PATTERNS, fp8_parameter_names
-    from trainer.models.streamed_load import Storage
-
-    def convert(tensor: torch.Tensor) -> torch.Tensor:
-        return tensor if tensor.dtype == FP8 else tensor.to(dtype).to(FP8)
-
-    def select(model: torch.nn.Module) -> set[str]:
-        return fp8_parameter_names(model, SKIP_PATTERNS if skip is None else skip)
-
-    return Storage(select, convert)
 
 
 def build_vae(weights: Weights, prefix: str, root: Path, dtype: torch.dtype):
