@@ -215,10 +215,10 @@ def fp8_storage(dtype: torch.dtype, skip: tuple[str, ...] = SKIP_PATTERNS) -> An
     """For a loader (trainer/models/streamed_load.py's ``Storage``): the weights that fp8
     storage holds arrive in fp8, an fp8 file's tensor as it is, another one cast by way of
     ``dtype`` (the values that storing a ``dtype``-built model in fp8 gives)."""
-    from trainer.models.streamed_load import Storage
+    from trainer.models.streamed_load import Storage, scratch
 
     def convert(tensor: torch.Tensor) -> torch.Tensor:
-        return tensor if tensor.dtype == FP8 else tensor.to(dtype).to(FP8)
+        return tensor if tensor.dtype == FP8 else scratch(tensor, dtype).to(FP8)
 
     return Storage(lambda model: fp8_parameter_names(model, skip), convert)
 

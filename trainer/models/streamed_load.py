@@ -95,6 +95,16 @@ def _buffer(size: int) -> Any:
     return mmap.mmap(-1, size)
 
 
+def scratch(like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``like`` in ``dtype``, in pages of its own when large (:func:`_buffer`): for a cast's
+    intermediate, which freed into the heap left the same holes as the file's copies."""
+    size = like.numel() * dtype.itemsize
+    if size < MAPPED_BYTES or like.dtype == dtype:
+        return like.to(dtype)
+    out = torch.frombuffer(_buffer(size), dtype=dtype).reshape(like.shape)
+    return out.copy_(like)
+
+
 def _resolve(value: Any, sources: dict[int, str], reader: SafetensorsReader,
              recorder: Optional[Recorder] = None) -> Any:
     """The real tensor for a converted entry: a source, a view of one, one computed from a
