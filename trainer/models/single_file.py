@@ -11,7 +11,8 @@ never needs the network (the configs come from :mod:`trainer.models.families`' d
   ``state_dict`` wrapper (PyTorch Lightning's) is unwrapped; its ``global_step`` is kept.
 - fp16, bf16 or fp32 weights: every module loads as fp32 (diffusers casts each tensor to the
   dtype of the parameter it fills, and the modules are built in fp32); the loop casts what it
-  freezes.
+  freezes. With ``model.base_precision = "fp8"`` the UNet's weights that fp8 storage holds
+  stream into fp8 instead (an fp8 file's as they are), the rest in the run's compute dtype.
 - ``model_ema.*`` keys (EMA copies that unpruned files carry) are never read: training continues
   from the non-EMA weights, as diffusers' converter does by default (``extract_ema=False``).
 

@@ -8,7 +8,8 @@ does (the key conversion, the configs, the dtype rules), but on *meta* tensors o
 shapes: its conversion only renames keys and takes views (slices, reshapes, transposes), so
 each converted tensor is a source tensor or a view of one. Where diffusers would copy the
 converted dict into the meta-built model, :func:`streamed` hands it over a group at a time,
-each read from the file with plain reads (no mapping), resolved to the same view, and let go.
+each read from the file with plain reads (no mapping of the file), resolved to the same view,
+and let go; a large one is read into pages of its own, which go back to the system with it.
 
 A tensor the conversion computes from one file tensor (OpenCLIP's q/k/v split with
 ``clone()``, its transposed projection) is rebuilt by replaying the recorded calls on the real
