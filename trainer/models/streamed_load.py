@@ -92,7 +92,7 @@ def _buffer(size: int) -> Any:
     if size < MAPPED_BYTES:
         return bytearray(size)
     if hasattr(mmap, "MAP_PRIVATE"):
-        return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
+        return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0))
     return mmap.mmap(-1, size)
 
 
