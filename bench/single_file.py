@@ -1,7 +1,7 @@
 """Training from a full-size SD 1.5-architecture single file, offline: time to the first step and
 peak memory.
 
-    python bench/single_file.py [--steps 6] [--keep DIR]
+    python bench/single_file.py [--steps 6] [--keep DIR] [--precision no]
     python bench/single_file.py --keep DIR --build-only sdxl   # the file only, for single_file_load
 
 Builds the model from the studio's own SD 1.x configs (trainer/assets/families/sd1) with random
@@ -59,7 +59,7 @@ def _build(folder: str, family: str = "sd1") -> dict:
     return {"path": str(path), "bytes": path.stat().st_size, "params": params}
 
 
-def _train(path: str, tokenizer: str, out: str, steps: int) -> dict:
+def _train(path: str, tokenizer: str, out: str, steps: int, precision: str = "auto") -> dict:
     """Runs in a child: LoRA steps from the single file, timed."""
     sys.path.insert(0, str(ROOT))
     from trainer.config.files import from_dict
@@ -70,7 +70,8 @@ def _train(path: str, tokenizer: str, out: str, steps: int) -> dict:
         "model": {"pretrained_model_name_or_path": path, "tokenizer": tokenizer},
         "dataset": {"resolution": 64, "min_bucket_reso": 64, "max_bucket_reso": 128,
                     "bucket_reso_steps": 64},
-        "training": {"max_train_steps": steps, "log_with": "none"},
+        "training": {"max_train_steps": steps, "log_with": "none",
+                     "mixed_precision": precision},
         "saving": {"output_dir": out},
     })
     start = time.perf_counter()
@@ -88,6 +89,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--keep", help="a folder for the model (reused when it is there)")
+    parser.add_argument("--precision", default="auto",
+                        help="training.mixed_precision ('no': fp32 modules; 'auto' on a CPU with "
+                             "bf16 units probes bf16 with a bf16 copy of the UNet first)")
     parser.add_argument("--child")
     parser.add_argument("--build-only", choices=sorted(FILE_NAMES),
                         help="only write that family's file into --keep (for "
@@ -111,7 +115,7 @@ def main() -> None:
         print(f"built {built['path']}: {built['bytes'] / 2**30:.2f} GiB fp16, "
               f"{built['params'] / 1e9:.3f} G parameters")
     r = _child("train", [str(model), str(folder / "tokenizer"),
-                         tempfile.mkdtemp(prefix="bench-out-"), args.steps])
+                         tempfile.mkdtemp(prefix="bench-out-"), args.steps, args.precision])
     print(f"SD 1.5-size single file, LoRA at 64 px, {os.cpu_count()} cores, offline: "
           f"{r['first_step_s']:.1f} s from run() to the first step, "
           f"{r['steps_per_s']:.2f} steps/s after it, peak RSS {r['peak_rss_mib'] / 1024:.2f} GiB")

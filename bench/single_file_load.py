@@ -2,9 +2,12 @@
 RSS of a fresh process that only calls load_base_model.
 
     python bench/single_file_load.py FILE.safetensors [TOKENIZER_DIR] [--reps 3] [--whole-dict]
+                                     [--fp8]
 
 --whole-dict loads as before the tensor-by-tensor loading (each component's tensors as one dict
-read through safetensors' mapping), for the before/after figures.
+read through safetensors' mapping), for the before/after figures. --fp8 loads as a bf16 run with
+model.base_precision = "fp8" does: the modules' size is then their stored size (the UNet's
+fp8 weights at one byte), printed beside the file's size.
 
 bench/single_file.py --keep DIR writes an SD 1.5-size fp16 file (DIR/sd15-random.safetensors)
 and its tokenizer (DIR/tokenizer); with --build-only sdxl, an SDXL-size one (6.9 GB).
@@ -16,14 +19,17 @@ the fp32 modules.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 
 from childproc import ROOT, peak_rss_mib, run_child
 
 
-def _load(path: str, tokenizer: str, whole: bool = False) -> dict:
+def _load(path: str, tokenizer: str, whole: bool = False, fp8: bool = False) -> dict:
     sys.path.insert(0, str(ROOT))
+    import torch
+
     from trainer.config import ModelSection
     from trainer.models import streamed_load
     from trainer.models.loader import load_base_model
@@ -34,9 +40,9 @@ def _load(path: str, tokenizer: str, whole: bool = False) -> dict:
         streamed_load.load_streamed = refuse
 
     base = peak_rss_mib()
-    section = ModelSection(pretrained_model_name_or_path=path,
-                           **({"tokenizer": tokenizer} if tokenizer else {}))
-    model = load_base_model(section)
+    section = ModelSection(pretrained_model_name_or_path=path, base_precision="fp8" if fp8
+                           else "full", **({"tokenizer": tokenizer} if tokenizer else {}))
+    model = load_base_model(section, torch.bfloat16 if fp8 else None)
     modules = [m for m in (model.unet, model.vae, model.text_encoder, model.text_encoder_2)
                if m is not None]
     size = sum(t.numel() * t.element_size() for m in modules
@@ -49,8 +55,8 @@ def main() -> None:
         print(json.dumps(_load(*json.loads(sys.argv[2])[1:])))
         return
     args = sys.argv[1:]
-    reps, whole = 1, "--whole-dict" in args
-    args = [a for a in args if a != "--whole-dict"]
+    reps, whole, fp8 = 1, "--whole-dict" in args, "--fp8" in args
+    args = [a for a in args if a not in ("--whole-dict", "--fp8")]
     if "--reps" in args:
         at = args.index("--reps")
         reps = int(args[at + 1])
@@ -58,7 +64,7 @@ def main() -> None:
     path, tokenizer = args[0], args[1] if len(args) > 1 else ""
     runs = []
     for _ in range(reps):
-        r = run_child(__file__, ["load", path, tokenizer, whole], HF_HUB_OFFLINE="1")
+        r = run_child(__file__, ["load", path, tokenizer, whole, fp8], HF_HUB_OFFLINE="1")
         runs.append(r)
         print(f"{path}: modules {r['modules_mib'] / 1024:.2f} GiB, peak RSS "
               f"{r['peak_rss_mib'] / 1024:.2f} GiB ({r['peak_rss_mib'] / r['modules_mib']:.2f}x "
@@ -70,7 +76,8 @@ def main() -> None:
         added = statistics.median(r["peak_rss_mib"] - r["before_mib"] for r in runs)
         modules = runs[0]["modules_mib"]
         print(f"median of {reps}: peak RSS {peak / 1024:.2f} GiB ({peak / modules:.2f}x the "
-              f"modules), the load's own {added / 1024:.2f} GiB ({added / modules:.2f}x)")
+              f"modules), the load's own {added / 1024:.2f} GiB ({added / modules:.2f}x); the "
+              f"file {os.path.getsize(path) / 2**30:.2f} GiB")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 are filled tensor by tensor from the file, never as a whole dict of the component's tensors,
 and load the same weights; a conversion that computes tensors falls back to the dict."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from test_models_single_file import BUILDERS, MODULES, assert_same_weights, load, write
@@ -103,3 +105,44 @@ def test_a_recipe_replays_clone_and_contiguous_on_the_real_tensor(tmp_path):
                             (scaled, weight * 2)):
         real = streamed_load._resolve(value, ids, reader, recorder)
         assert torch.equal(real, expected) and real.dtype == torch.float16
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/self/maps")
+def test_a_large_file_tensor_is_read_into_pages_that_go_back_when_it_is_dropped(tmp_path):
+    """A file tensor of MAPPED_BYTES or more is read into a memory map of its own, unmapped
+    when the tensor goes: read into the malloc heap, the fp16 copies of an SD 1.5 file left
+    holes between the fp32 weights built from them, which the process kept (0.12 GiB)."""
+    from safetensors.torch import save_file
+
+    size = streamed_load.MAPPED_BYTES
+    save_file({"big": torch.arange(size // 2, dtype=torch.float16), "small": torch.ones(8)},
+              str(tmp_path / "f.safetensors"))
+    reader = streamed_load.SafetensorsReader(tmp_path / "f.safetensors")
+    big = reader.read("big")
+    assert torch.equal(big, torch.arange(size // 2, dtype=torch.float16))
+    start = big.data_ptr()
+    assert start in _mapping_starts()  # the tensor's pages are a mapping of their own
+    del big
+    assert start not in _mapping_starts()  # and unmapped with it
+    assert torch.equal(reader.read("small"), torch.ones(8))
+
+
+def _mapping_starts() -> set[int]:
+    with open("/proc/self/maps") as maps:
+        return {int(line.split("-", 1)[0], 16) for line in maps}
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/self/maps")
+def test_a_casts_intermediate_lives_in_pages_of_its_own():
+    """fp8 storage casts a file's fp16 tensor by way of the compute dtype: that intermediate
+    too is a mapping of its own, gone with it (in the heap it left 1.3 GiB of holes between an
+    SDXL UNet's fp8 weights)."""
+    source = torch.randn(streamed_load.MAPPED_BYTES // 2).half()
+    wide = streamed_load.scratch(source, torch.bfloat16)
+    assert torch.equal(wide, source.to(torch.bfloat16))
+    start = wide.data_ptr()
+    assert start in _mapping_starts()
+    del wide
+    assert start not in _mapping_starts()
+    small = source[:8]
+    assert streamed_load.scratch(small, torch.float16) is small

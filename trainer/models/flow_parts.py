@@ -37,6 +37,7 @@ from trainer.models.flow_families import (
     TEXT_PREFIXES,
     FlowFileInfo,
 )
+from trainer.models.memory import fp8_storage
 
 FLUX_WIDTH = 3072  # the width diffusers' FLUX converter assumes
 COMPONENTS = {"flux": {"clip_l": "text_encoder", "t5xxl": "text_encoder_2"},
@@ -191,22 +192,6 @@ def _quantized_storage(kind: Optional[str], dtype: torch.dtype) -> Any:
     from trainer.models.quantize import quantized_storage
 
     return quantized_storage(kind, dtype, SKIP_PATTERNS)
-
-
-def fp8_storage(dtype: torch.dtype, skip: Optional[tuple[str, ...]] = None) -> Any:
-    """The weights that fp8 storage holds (trainer/models/memory.py) arrive in fp8: an fp8
-    file's tensor as it is, another one cast by way of ``dtype`` (the values that storing a
-    ``dtype``-built model in fp8 gives)."""
-    from trainer.models.memory import FP8, SKIP_PATTERNS, fp8_parameter_names
-    from trainer.models.streamed_load import Storage
-
-    def convert(tensor: torch.Tensor) -> torch.Tensor:
-        return tensor if tensor.dtype == FP8 else tensor.to(dtype).to(FP8)
-
-    def select(model: torch.nn.Module) -> set[str]:
-        return fp8_parameter_names(model, SKIP_PATTERNS if skip is None else skip)
-
-    return Storage(select, convert)
 
 
 def build_vae(weights: Weights, prefix: str, root: Path, dtype: torch.dtype):

@@ -95,7 +95,8 @@ def resolve_model_path(value: str) -> Path:
 def load_base_model(section: ModelSection, dtype: Any = None, t5_frozen: bool = False,
                     defer_denoiser: bool = False) -> BaseModel:
     """The base model that ``section`` names; ``dtype``: the run's compute dtype, which a
-    FLUX.1 / SD 3.x single file is built in (the others load in fp32); ``t5_frozen``: the run
+    FLUX.1 / SD 3.x single file is built in (the others load in fp32, but for an SD file's UNet
+    with model.base_precision = "fp8", stored in fp8 at the load); ``t5_frozen``: the run
     does not train T5 (its fp8 storage may then begin at the load); ``defer_denoiser``: a
     FLUX.1 / SD 3.x single file's transformer is left unbuilt (``unet`` None) until
     ``build_denoiser(dtype)`` is called (trainer/run/text_first.py)."""
@@ -118,8 +119,9 @@ def load_base_model(section: ModelSection, dtype: Any = None, t5_frozen: bool = 
         if _flow_file(path):
             model = BaseModel(**load_flow_file(path, section, dtype, t5_frozen,
                                                defer_denoiser and cached is None))
-        else:
-            model = _from_single_file(path, section)
+        else:  # no fp8 at the load for the diffusers copy: it is written as loaded
+            model = _from_single_file(path, section, single_file.fp8_unet(section, dtype)
+                                      if cached is None else None)
         if cached is not None:
             _save_cache(model, cached)
         return model
@@ -304,7 +306,7 @@ def _open(path: Path, section: ModelSection):
     return ckpt, found
 
 
-def _from_single_file(path: Path, section: ModelSection) -> BaseModel:
+def _from_single_file(path: Path, section: ModelSection, fp8: Any = None) -> BaseModel:
     try:
         ckpt, found = _open(path, section)
         with ckpt:
@@ -313,8 +315,7 @@ def _from_single_file(path: Path, section: ModelSection) -> BaseModel:
             config_dir, prediction, why = _configs(family, section, evidence)
             toks = _tokenizers(family, section, path)
             notes = _notes(ckpt, found, why, section)
-            parts = single_file.load_modules(ckpt, found, config_dir,
-                                             with_vae=not section.vae)
+            parts = single_file.load_modules(ckpt, found, config_dir, not section.vae, fp8)
     except ModelLoadError as exc:
         if str(exc).startswith(FIELD):
             raise

@@ -195,6 +195,18 @@ def store_fp8(module: torch.nn.Module, compute_dtype: torch.dtype,
     return count
 
 
+def fp8_storage(dtype: torch.dtype, skip: tuple[str, ...] = SKIP_PATTERNS) -> Any:
+    """For a loader (trainer/models/streamed_load.py's ``Storage``): the weights that fp8
+    storage holds arrive in fp8, an fp8 file's tensor as it is, another one cast by way of
+    ``dtype`` (the values that storing a ``dtype``-built model in fp8 gives)."""
+    from trainer.models.streamed_load import Storage, scratch
+
+    def convert(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor if tensor.dtype == FP8 else scratch(tensor, dtype).to(FP8)
+
+    return Storage(lambda model: fp8_parameter_names(model, skip), convert)
+
+
 def to_compute_dtype(module: torch.nn.Module, dtype: torch.dtype) -> None:
     """``module.to(dtype)``, but for the weights stored in fp8 or quantized already."""
     if not any(p.dtype == FP8 or not p.dtype.is_floating_point for p in module.parameters()):

@@ -8,7 +8,8 @@ does (the key conversion, the configs, the dtype rules), but on *meta* tensors o
 shapes: its conversion only renames keys and takes views (slices, reshapes, transposes), so
 each converted tensor is a source tensor or a view of one. Where diffusers would copy the
 converted dict into the meta-built model, :func:`streamed` hands it over a group at a time,
-each read from the file with plain reads (no mapping), resolved to the same view, and let go.
+each read from the file with plain reads (no mapping of the file), resolved to the same view,
+and let go; a large one is read into pages of its own, which go back to the system with it.
 
 A tensor the conversion computes from one file tensor (OpenCLIP's q/k/v split with
 ``clone()``, its transposed projection) is rebuilt by replaying the recorded calls on the real
@@ -19,6 +20,7 @@ tensor (trainer/models/meta_recipes.py). A converted tensor that is none of thes
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -31,7 +33,9 @@ import torch
 
 from trainer.models.meta_recipes import Recorder
 
-GROUP_BYTES = 64 * 2**20  # tensors handed over together (the UNet's largest is 13 MiB in fp16)
+GROUP_BYTES = 8 * 2**20  # tensors handed over together: the file's copies alive at once beside
+# the built weights (the SD UNet's largest tensor is 13 MiB in fp16, its text encoder's 72)
+MAPPED_BYTES = 2**20  # a tensor this large is read into pages of its own (_buffer)
 DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
           "BF16": torch.bfloat16, "F8_E4M3": torch.float8_e4m3fn,
           "F8_E5M2": torch.float8_e5m2, "I64": torch.int64, "I32": torch.int32, "I16": torch.int16,
@@ -66,7 +70,7 @@ class SafetensorsReader:
         dtype, shape = DTYPES[entry["dtype"]], entry["shape"]
         if end == begin:
             return torch.empty(shape, dtype=dtype)
-        buffer = bytearray(end - begin)
+        buffer = _buffer(end - begin)
         fd = os.open(self.path, os.O_RDONLY)
         try:
             view, done = memoryview(buffer), 0
@@ -78,6 +82,28 @@ class SafetensorsReader:
         finally:
             os.close(fd)
         return torch.frombuffer(buffer, dtype=dtype).reshape(shape)
+
+
+def _buffer(size: int) -> Any:
+    """Room for one file tensor. A large one gets pages of its own (an anonymous memory map),
+    which go back to the system as soon as the tensor is let go: read into the malloc heap,
+    the file's fp16 tensors left holes between the fp32 weights built from them that the heap
+    kept (an SD 1.5 file: 0.12 GiB of RSS more)."""
+    if size < MAPPED_BYTES:
+        return bytearray(size)
+    if hasattr(mmap, "MAP_PRIVATE"):
+        return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0))
+    return mmap.mmap(-1, size)
+
+
+def scratch(like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``like`` in ``dtype``, in pages of its own when large (:func:`_buffer`): for a cast's
+    intermediate, which freed into the heap left the same holes as the file's copies."""
+    size = like.numel() * dtype.itemsize
+    if size < MAPPED_BYTES or like.dtype == dtype:
+        return like.to(dtype)
+    out = torch.frombuffer(_buffer(size), dtype=dtype).reshape(like.shape)
+    return out.copy_(like)
 
 
 def _resolve(value: Any, sources: dict[int, str], reader: SafetensorsReader,
