@@ -225,3 +225,28 @@ def test_t5_tokenizer_lookup_and_its_hint(tmp_path, tiny, monkeypatch):
     assert T5_FETCH in str(err.value) and "tokenizer_2" in str(err.value)
     with pytest.raises(TokenizerNotFound, match="model.tokenizer = .*T5"):
         load_flow_tokenizers("flux1-dev", str(folder / "tokenizer"), model)
+
+
+@pytest.mark.parametrize("base", ["fp8", "nf4"])
+def test_the_diffusers_copy_holds_the_files_weights_not_the_stored_ones(tmp_path, base):
+    """model.cache_as_diffusers with a memory option: the copy is written as the file loads
+    (bf16 here), never from fp8 or NF4 storage, so that a later run without the option reads
+    the file's own values; the run's memory options apply after the load."""
+    import json
+
+    from test_flow_train import single_file_model
+
+    from trainer.config import ModelSection
+    from trainer.models.file_checks import read_safetensors_header
+    from trainer.models.loader import _cache_folder, load_base_model
+
+    model = single_file_model(tmp_path, "flux1")
+    section = ModelSection(**model, base_precision=base, fp8_text_encoders=True,
+                           cache_as_diffusers=True)
+    loaded = load_base_model(section, torch.bfloat16, t5_frozen=True)
+    assert {p.dtype for p in loaded.unet.parameters()} == {torch.bfloat16}
+    kept = _cache_folder(tmp_path / "flux1-dev.safetensors", section)
+    dtypes = {entry["dtype"] for f in kept.rglob("*.safetensors")
+              for entry in read_safetensors_header(f).tensors.values()}
+    assert dtypes == {"BF16"}, dtypes
+    assert json.loads((kept / "single_file.json").read_text())["version"] == "flux1"

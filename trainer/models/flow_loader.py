@@ -81,7 +81,7 @@ def load_flow_folder(path: Path, section: Any, family: str) -> dict[str, Any]:
 
 
 def load_flow_file(path: Path, section: Any, dtype: Any = None, t5_frozen: bool = False,
-                   defer_denoiser: bool = False) -> dict[str, Any]:
+                   defer_denoiser: bool = False, store: bool = True) -> dict[str, Any]:
     """The BaseModel fields of a FLUX.1 / SD 3.x single file and the component files that
     ``model.ae`` / ``clip_l`` / ``clip_g`` / ``t5xxl`` name (trainer/models/flow_single_file.py);
     built in ``dtype`` (the run's compute dtype: a 12B FLUX.1 in fp32 is 48 GB), but for the
@@ -89,7 +89,9 @@ def load_flow_file(path: Path, section: Any, dtype: Any = None, t5_frozen: bool 
     ``model.base_precision = "fp8"``, T5's with ``model.fp8_text_encoders`` when the run does
     not train it (``t5_frozen``); with ``"nf4"`` / ``"int8"`` the transformer's Linear layers
     are quantized as they load. ``defer_denoiser``: the transformer is built later, by the
-    ``build_denoiser`` field (trainer/run/text_first.py)."""
+    ``build_denoiser`` field (trainer/run/text_first.py). ``store`` False: everything in
+    ``dtype`` (for ``model.cache_as_diffusers``, whose copy must hold the file's weights, not
+    fp8- or NF4-rounded ones; the memory options then apply after the load)."""
     import torch
 
     from trainer.models.flow_families import detect_flow_file
@@ -107,10 +109,10 @@ def load_flow_file(path: Path, section: Any, dtype: Any = None, t5_frozen: bool 
                                  clip_g=section.clip_g, t5xxl=section.t5xxl,
                                  config_dir=section.config_dir, tokenizer=section.tokenizer,
                                  dtype=dtype or torch.float32,
-                                 fp8_transformer=section.base_precision == "fp8",
-                                 fp8_t5=section.fp8_text_encoders and t5_frozen,
-                                 quantize_transformer=section.base_precision
-                                 if section.base_precision in ("nf4", "int8") else None,
+                                 fp8_transformer=store and section.base_precision == "fp8",
+                                 fp8_t5=store and section.fp8_text_encoders and t5_frozen,
+                                 quantize_transformer=section.base_precision if store and
+                                 section.base_precision in ("nf4", "int8") else None,
                                  defer_transformer=defer_denoiser)
     transformer = parts.pop("transformer")
     return dict(parts, unet=transformer, noise_scheduler=parts.pop("scheduler"),

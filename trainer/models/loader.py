@@ -116,10 +116,10 @@ def load_base_model(section: ModelSection, dtype: Any = None, t5_frozen: bool = 
             return _from_cache(cached, path, section)
         from trainer.models.flow_loader import load_flow_file
 
-        if _flow_file(path):
+        if _flow_file(path):  # no fp8 / NF4 at the load for the diffusers copy: as loaded
             model = BaseModel(**load_flow_file(path, section, dtype, t5_frozen,
-                                               defer_denoiser and cached is None))
-        else:  # no fp8 at the load for the diffusers copy: it is written as loaded
+                                               defer_denoiser and cached is None, cached is None))
+        else:
             model = _from_single_file(path, section, single_file.fp8_unet(section, dtype)
                                       if cached is None else None)
         if cached is not None:
