@@ -1,4 +1,4 @@
-"""Base weights in less memory (issue 19): fp8 storage, bitsandbytes NF4 / int8, block swap.
+"""Base weights in less memory: fp8 storage, bitsandbytes NF4 / int8, block swap.
 
 The run calls this module twice around the method's ``prepare`` (trainer/run/session.py):
 

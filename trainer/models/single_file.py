@@ -16,11 +16,13 @@ never needs the network (the configs come from :mod:`trainer.models.families`' d
 - ``model_ema.*`` keys (EMA copies that unpruned files carry) are never read: training continues
   from the non-EMA weights, as diffusers' converter does by default (``extract_ema=False``).
 
-Memory: the file is never loaded whole. :class:`Checkpoint` hands out the weights one component
-at a time (UNet, VAE, each text encoder), diffusers builds that component on the ``meta`` device
-and fills it from those tensors, and the component's source tensors are dropped before the next
-one is read. Peak memory is the modules loaded so far plus one component's source tensors (the
-UNet's: at most 1.5x the fp32 UNet for an fp16 file), never the model twice. A ``.ckpt`` is
+Memory: the file is never loaded whole. A ``.safetensors`` component streams from the file a
+group of tensors at a time (trainer/models/streamed_load.py): the peak is the modules built so
+far plus one group (an SD 1.5-size fp16 file: 1.10x its fp32 modules, bench/single_file_load.py).
+Where a component cannot stream, :class:`Checkpoint` hands out its weights whole (UNet, VAE,
+each text encoder in turn), diffusers builds it on the ``meta`` device and fills it, and its
+source tensors are dropped before the next one is read (the UNet's: at most 1.5x the fp32 UNet
+for an fp16 file), never the model twice. A ``.ckpt`` is
 memory-mapped (``torch.load(mmap=True)``) when it is in the zip format, so its tensors stay in
 the page cache; an old-format ``.ckpt`` is read whole, and its tensors are freed per component.
 """
