@@ -123,3 +123,18 @@ def test_the_doctor_says_what_a_model_file_holds(tmp_path, capsys):
     assert "cannot tell its family" in capsys.readouterr().out
     main(["doctor", "--model", str(tmp_path / "nothing.safetensors")])
     assert "no such file or folder" in capsys.readouterr().out
+
+
+def test_the_advisor_counts_a_streamed_files_reads_not_the_whole_file(sd_file):
+    """A .safetensors file streams (one group of tensors and the largest one at a time): the
+    load phase counts that beside the built weights, not the file's size."""
+    from trainer.advisor.model_configs import read_configs
+    from trainer.config import ModelSection
+    from trainer.models.file_checks import read_safetensors_header
+    from trainer.models.streamed_load import GROUP_BYTES
+
+    configs = read_configs(ModelSection(pretrained_model_name_or_path=str(sd_file)))
+    largest = max(end - begin for begin, end in (
+        e["data_offsets"] for e in read_safetensors_header(sd_file).tensors.values()))
+    assert configs.load_extra_bytes == GROUP_BYTES + largest
+    assert configs.family == "sd"

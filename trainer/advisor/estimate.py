@@ -36,6 +36,7 @@ from trainer.advisor.advice import (  # noqa: F401
     FITS_BELOW,
     GIB,
     RUNTIME,
+    RUNTIME_LOADING,
     Advice,
     Memory,
     Steps,
@@ -292,7 +293,8 @@ def memory_phases(cfg: Any, info: Any, configs: Any, bucket: tuple[int, int],
             (f"VAE encode: batch {rows}", simulate_encode(configs, bucket, rows))]))
     if cpu:
         total = sum(params.values())
-        phases.append(("loading the model", runtime + [
+        phases.append(("loading the model", [
+            ("runtime: Python and the libraries a load imports", RUNTIME_LOADING),
             (f"all weights as loaded: {total / 1e6:.1f} M x fp32", total * 4),
             ("read from the files beside them", configs.load_extra_bytes)]))
     return [Memory(phase, tuple((what, int(b)) for what, b in lines), info.memory_bytes, gc)

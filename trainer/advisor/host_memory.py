@@ -235,6 +235,8 @@ def flow_phases(info: Any, h: Held, step_lines: list[tuple[str, int]],
                      Phase("step", tuple(on_host), step_device)]
 
 
+CPU_PHASES = {"loading the model": "load", "caching latents": "latent cache",
+              "training step": "step"}
 ENCODER_SHAPE = ("in_channels", "block_out_channels", "layers_per_block", "down_block_types",
                  "norm_num_groups", "mid_block_add_attention")
 
@@ -281,8 +283,9 @@ def sd_phases(cfg: Any, info: Any, configs: Any, phases: list[Any], text_leave: 
     from trainer.advisor.footprint import param_counts
     from trainer.system.device import system_memory
 
-    if info.backend == "cpu":
-        return [Phase(m.phase, m.lines, None) for m in phases], info.memory_bytes
+    if info.backend == "cpu":  # named as the flow families' phases are
+        return [Phase(CPU_PHASES.get(m.phase, m.phase), m.lines, None) for m in phases], \
+            info.memory_bytes
     params, total = param_counts(configs), sum(param_counts(configs).values())
     runtime = ("runtime: Python and the libraries", RUNTIME["cpu"])
     load = (("runtime: Python and the libraries a load imports", RUNTIME_LOADING),

@@ -96,7 +96,6 @@ def built_configs(value: str) -> ModelConfigs:
 def read_configs(section: Any) -> ModelConfigs:
     """The component configs of ``model`` (a ``ModelSection``); reads no weight. Raises
     ``ModelLoadError`` naming the setting."""
-    from trainer.models import single_file
     from trainer.models.families import ModelLoadError
     from trainer.models.loader import EMBEDDED_MODELS, FIELD, resolve_model_path
 
@@ -107,15 +106,33 @@ def read_configs(section: Any) -> ModelConfigs:
         if path.is_dir():
             return folder_configs(path, str(path))
         if path.is_file() and path.suffix.lower() in (".safetensors", ".ckpt"):
-            with single_file.Checkpoint(path) as ckpt:
-                family = single_file.inspect(ckpt).family
+            family, extra = _file_family(path)
             folder = (Path(section.config_dir).expanduser() if section.config_dir
                       else family.config_dir(section.prediction_type or "epsilon"))
-            return folder_configs(folder, str(path), load_extra=path.stat().st_size)
+            return folder_configs(folder, str(path), load_extra=extra)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"{FIELD} = {str(path)!r}: cannot read its configs ({exc})") from None
     raise ModelLoadError(f"{FIELD} = {str(path)!r}: not a diffusers folder nor a "
                          f".safetensors/.ckpt file")
+
+
+def _file_family(path: Path) -> tuple[Any, int]:
+    """(the family, the bytes read beside the built weights while it loads) of a single file:
+    a ``.safetensors`` file streams (trainer/models/streamed_load.py: one group of tensors and
+    the largest tensor at a time), read from its header alone; a ``.ckpt`` is read whole."""
+    from trainer.models import single_file
+    from trainer.models.detect import detect_path
+    from trainer.models.families import FAMILIES
+    from trainer.models.file_checks import read_safetensors_header
+    from trainer.models.streamed_load import GROUP_BYTES
+
+    if path.suffix.lower() == ".safetensors":
+        found = detect_path(path)
+        sizes = [end - begin for begin, end in (
+            entry["data_offsets"] for entry in read_safetensors_header(path).tensors.values())]
+        return FAMILIES[found.family], GROUP_BYTES + max(sizes, default=0)
+    with single_file.Checkpoint(path) as ckpt:
+        return single_file.inspect(ckpt).family, path.stat().st_size
 
 
 def cached(key: str, build: Any) -> Any:

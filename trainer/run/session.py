@@ -25,6 +25,7 @@ from trainer.run.caches import fill_latent_cache, fill_text_cache
 from trainer.run.cpu_precision import choose_cpu_precision, cpu_bf16_norms
 from trainer.run.ema import NoEma, make_ema
 from trainer.run.state import Progress
+from trainer.run.unused import release_decoder
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +119,7 @@ def prepare(s: Session, out: Reporter) -> None:
         s.accelerator = _accelerator(s.cfg, s.device_info, s.precision)
     if s.accelerator.num_processes > 1:
         s.shard = (s.accelerator.process_index, s.accelerator.num_processes)
+    release_decoder(s, out)  # nothing decodes once the class images exist (trainer/run/unused)
     with library_imports():
         s.model.vae.to(s.accelerator.device).eval()  # fp32: SD's VAE overflows in fp16
         fill_latent_cache(s, out)  # before the denoiser takes the device (trainer/run/caches.py)
