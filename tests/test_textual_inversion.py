@@ -146,9 +146,11 @@ def test_only_the_token_rows_learn_bit_for_bit(trained, base):
     for name, tensor in before["text_encoder"].items():
         if name != key:
             assert torch.equal(saved["text_encoder"][name], tensor), name
+    released = {k for k in before["vae"] if k.startswith(("decoder.", "post_quant_conv."))}
+    assert released and saved["vae"].keys() == before["vae"].keys() - released  # unused.py
     for part in ("unet", "vae"):
-        assert saved[part].keys() == before[part].keys()
-        for name, tensor in before[part].items():
+        assert saved[part].keys() <= before[part].keys()
+        for name, tensor in ((n, t) for n, t in before[part].items() if n in saved[part]):
             assert torch.equal(saved[part][name], tensor), f"{part}.{name}"
     # every vector moved by more than weight decay alone would move it: its gradient arrived
     start = init_rows(before["tokenizer"], before["table"], INIT_WORD, trained.vectors)
