@@ -1,7 +1,6 @@
 """The studio's LoRA training against kohya-ss/sd-scripts and diffusers' example, step for step.
 
-    .venv/bin/python bench/compare_peers.py [--reps 3] [--only sd-scripts,diffusers,studio]
-        [--models sd15,tiny] [--resolution 64[,256]] [--precision no,auto[,bf16]] [--quick]
+    .venv/bin/python bench/compare_peers.py [--reps 3] [--only ...] [--models ...] [--quick]
 
 (``--help`` lists the rest: steps, threads, each tool's extra arguments, load limits, folders.)
 

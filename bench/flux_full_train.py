@@ -28,51 +28,13 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from childproc import ROOT, parse_or_run_child, run_child
 
-PHASES = [("Base model:", "load"), ("Text encoders released", "text cache"),
-          ("Transformer built", "transformer"), (None, "step 1")]
 # what the run holds beside the transformer at step 1: the fp8 run peaked at 13.77 GiB with
 # its 11.09 GiB transformer (the adapters, the latents, the activations, Python and torch)
 REST_GIB = 2.7
-
-
-def _peak_and_reset() -> float:
-    """VmHWM in MiB since the last reset, then reset (Linux: clear_refs 5)."""
-    with open("/proc/self/status", encoding="ascii") as f:
-        peak = next(int(line.split()[1]) for line in f if line.startswith("VmHWM"))
-    with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
-        f.write("5")
-    return peak / 1024
-
-
-class Phases:
-    """An event sink that notes each phase's peak RSS and its seconds."""
-
-    def __init__(self) -> None:
-        self.index, self.start, self.done = 0, time.perf_counter(), []
-        _peak_and_reset()
-
-    def _end(self) -> None:
-        now = time.perf_counter()
-        self.done.append({"phase": PHASES[self.index][1], "seconds": round(now - self.start, 1),
-                          "peak_rss_mib": round(_peak_and_reset())})
-        self.index, self.start = self.index + 1, now
-
-    def emit(self, event) -> None:
-        from trainer.events import Log, Step
-
-        if isinstance(event, Log):
-            print(event.message, flush=True)
-        if self.index >= len(PHASES):
-            return
-        marker = PHASES[self.index][0]
-        if (marker is None and isinstance(event, Step)) or \
-                (marker and isinstance(event, Log) and event.message.startswith(marker)):
-            self._end()
 
 
 def train(folder: str, precision: str, base: str) -> dict:
@@ -101,7 +63,9 @@ def train(folder: str, precision: str, base: str) -> dict:
         "training": {"max_train_steps": 1, "train_batch_size": 1, "mixed_precision": precision,
                      "gradient_checkpointing": True},
         "saving": {"output_dir": str(work / "out"), "save_precision": "bf16"}})
-    sink = Phases()
+    from host_phases import PhasePeaks
+
+    sink = PhasePeaks(echo=True)  # the marks of bench/host_phases.py
     result = run(cfg, sink)
     return {"status": result.status, "error": result.error, "phases": sink.done}
 
@@ -153,7 +117,8 @@ def main() -> None:
     total = 0.0
     for phase in result["phases"]:
         total += phase["seconds"]
-        print(f"  {phase['phase']:<12} peak RSS {phase['peak_rss_mib'] / 1024:6.2f} GiB, "
+        name = "step 1" if phase["phase"] == "step" else phase["phase"]
+        print(f"  {name:<12} peak RSS {phase['peak'] / 2**30:6.2f} GiB, "
               f"{phase['seconds']:6.1f} s (at {total:.0f} s)")
 
 

@@ -2,7 +2,6 @@
 are filled tensor by tensor from the file, never as a whole dict of the component's tensors,
 and load the same weights; a conversion that computes tensors falls back to the dict."""
 
-from pathlib import Path
 
 import pytest
 import torch
@@ -107,7 +106,6 @@ def test_a_recipe_replays_clone_and_contiguous_on_the_real_tensor(tmp_path):
         assert torch.equal(real, expected) and real.dtype == torch.float16
 
 
-@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/self/maps")
 def test_a_large_file_tensor_is_read_into_pages_that_go_back_when_it_is_dropped(tmp_path):
     """A file tensor of MAPPED_BYTES or more is read into a memory map of its own, unmapped
     when the tensor goes: read into the malloc heap, the fp16 copies of an SD 1.5 file left
@@ -132,7 +130,6 @@ def _mapping_starts() -> set[int]:
         return {int(line.split("-", 1)[0], 16) for line in maps}
 
 
-@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/self/maps")
 def test_a_casts_intermediate_lives_in_pages_of_its_own():
     """fp8 storage casts a file's fp16 tensor by way of the compute dtype: that intermediate
     too is a mapping of its own, gone with it (in the heap it left 1.3 GiB of holes between an

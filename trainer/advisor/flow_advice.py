@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from trainer.advisor.advice import CPU_HEAP, FITS_BELOW, GIB, RUNTIME, Advice, Memory, Timing
-from trainer.advisor.flow_memory import flow_weights
+from trainer.advisor.flow_memory import _family, flow_weights
 from trainer.advisor.flow_sizes import step_bytes, text_tokens, unit_bytes, weight_bytes
 from trainer.advisor.rules import Recommendation, throughput
 
@@ -213,7 +213,7 @@ def _phases(advice: Advice, cfg: Any, info: Any, config: dict, option: FlowOptio
     from trainer.models.families import ASSETS
     from trainer.system.device import system_memory
 
-    family = "flux1" if config["_class_name"].startswith("Flux") else "sd3"
+    family = _family(config)
     parts = hm.model_parts(cfg.model, family)
     w = flow_weights(config, cfg)
     text = text_tokens(config, cfg)

@@ -32,8 +32,6 @@ from typing import Any, Optional
 from trainer.advisor.advice import RUNTIME, RUNTIME_LOADING, Phase
 from trainer.advisor.model_configs import cached
 
-GROUP_BYTES = 64 * 2**20  # trainer/models/streamed_load.py's group of tensors read at once
-T5_KEEPS = ("norm", "shared", "embed", "relative_attention_bias")  # memory.T5_SKIP
 FOLDER_PARTS = {"flux1": {"text_encoder": "clip_l", "text_encoder_2": "t5xxl", "vae": "vae"},
                 "sd3": {"text_encoder": "clip_l", "text_encoder_2": "clip_g",
                         "text_encoder_3": "t5xxl", "vae": "vae"}}
@@ -54,14 +52,16 @@ class Part:
         return self.fp8 + (self.params - self.fp8) * c if fp8 else self.params * c
 
 
-def _fp8_held(part: str, key: str, shape: list[int]) -> bool:
+def _fp8_held(part: str, key: str, shape: list[int], skip: tuple[str, ...]) -> bool:
     """Whether fp8 text-encoder storage holds this T5 tensor: the Linear weights, not the
-    norms, the embedding or the position bias (trainer/models/memory.py's T5_SKIP)."""
+    norms, the embedding or the position bias (``skip``: trainer/models/memory.py's T5_SKIP)."""
     return part == "t5xxl" and key.endswith(".weight") and len(shape) == 2 and \
-        not any(re.search(p, key) for p in T5_KEEPS)
+        not any(re.search(p, key) for p in skip)
 
 
 def _count(tensors: dict[str, Any], part: str, prefix: str = "") -> Part:
+    from trainer.models.memory import T5_SKIP
+
     params, held = 0, []
     for key, entry in tensors.items():
         if not key.startswith(prefix) or entry.get("dtype") not in DTYPE_BYTES:
@@ -70,7 +70,7 @@ def _count(tensors: dict[str, Any], part: str, prefix: str = "") -> Part:
         for side in entry["shape"]:
             n *= side
         params += n
-        if _fp8_held(part, key, entry["shape"]):
+        if _fp8_held(part, key, entry["shape"], T5_SKIP):
             held.append(n)
     return Part(params, sum(held), sum(sorted(held)[-3:]))
 
@@ -210,6 +210,8 @@ def flow_phases(info: Any, h: Held, step_lines: list[tuple[str, int]],
     the CPU all in RAM; on a GPU the device's, whose peak is ``step_device``), ``swapped``:
     bytes of the blocks that block swap keeps on the host, ``encode``: a VAE encode's peak,
     ``first``: text first."""
+    from trainer.models.streamed_load import GROUP_BYTES
+
     cpu = info.backend == "cpu"
     largest = max([b for _, b in h.text] + [h.vae[1], h.transformer[1]])
     reading = ("one group of tensors being read", min(GROUP_BYTES, largest))
