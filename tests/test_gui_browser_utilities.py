@@ -4,6 +4,8 @@ the thumbnails, edit a caption and save it."""
 
 from __future__ import annotations
 
+import sys
+import traceback
 from pathlib import Path
 
 import pytest
@@ -45,6 +47,26 @@ def trained_lora(tmp_path_factory, gui_home):  # noqa: F811
 def open_utilities(page: Page) -> None:  # noqa: F811
     page.get_by_role("tab", name="Utilities", exact=True).click()
     text_input(page, "inspect-path").wait_for(state="visible")
+
+
+def wait_or_explain(page: Page,  # noqa: F811
+                     done: str, fields: list[str], out: Path, timeout_ms: int = 120_000
+                     ) -> None:
+    """Wait for ``done``; past the wait, fail with what the browser held and what the
+    in-process server's threads were doing, so that a rare timeout in CI says whether the click,
+    the queue or the tool stopped."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_function(done, timeout=timeout_ms)
+    except PlaywrightTimeout:
+        values = {f: text_input(page, f).input_value() for f in fields}
+        reports = page.evaluate("() => [...document.querySelectorAll('[id$=\"-report\"]')]"
+                                ".map(e => e.id + ': ' + e.innerText.slice(0, 300))")
+        stacks = "\n".join("".join(traceback.format_stack(frame))
+                            for frame in sys._current_frames().values())
+        pytest.fail(f"timed out: fields {values}; reports {reports}; "
+                    f"{out.name} written: {out.is_file()}; the server's threads:\n{stacks}")
 
 
 def test_inspect_a_trained_lora_from_the_tab(page, trained_lora):  # noqa: F811
@@ -96,9 +118,9 @@ def test_resize_the_trained_lora_from_the_tab(page, trained_lora, tmp_path):  # 
     text_input(page, "resize-rank").fill("2")
     page.click("#resize-run")
     # A first use imports the tool, which took over 30 s once on a cold disk.
-    page.wait_for_function(
-        "() => document.querySelector('#resize-report').innerText.includes('Wrote')",
-        timeout=120_000)
+    wait_or_explain(
+        page, "() => document.querySelector('#resize-report').innerText.includes('Wrote')",
+        ["resize-path", "resize-save-to", "resize-rank"], out)
     report = page.inner_text("#resize-report")
     assert "Wrote" in report and "network dim 2" in report and out.is_file(), report
     page.wait_for_function(
