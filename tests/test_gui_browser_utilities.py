@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from gui_helpers import ARTIFACTS, gui_home, one_torch_thread  # noqa: F401
 from playwright.sync_api import Page
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from test_gui_browser import app_url, browser, page, text_input  # noqa: F401
 from tools_helpers import images_folder
 from train_helpers import one_image_dataset, small_config
@@ -49,16 +50,12 @@ def open_utilities(page: Page) -> None:  # noqa: F811
     text_input(page, "inspect-path").wait_for(state="visible")
 
 
-def wait_or_explain(page: Page,  # noqa: F811
-                     done: str, fields: list[str], out: Path, timeout_ms: int = 120_000
-                     ) -> None:
+def wait_or_explain(page: Page, done: str, fields: list[str], out: Path) -> None:  # noqa: F811
     """Wait for ``done``; past the wait, fail with what the browser held and what the
     in-process server's threads were doing, so that a rare timeout in CI says whether the click,
     the queue or the tool stopped."""
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
-
     try:
-        page.wait_for_function(done, timeout=timeout_ms)
+        page.wait_for_function(done, timeout=120_000)
     except PlaywrightTimeout:
         values = {f: text_input(page, f).input_value() for f in fields}
         reports = page.evaluate("() => [...document.querySelectorAll('[id$=\"-report\"]')]"
