@@ -113,7 +113,7 @@ def build_sd15_sized(path: Path) -> Path:
     )
     from transformers import CLIPTextConfig, CLIPTextModel
 
-    from trainer.models.tiny import build_tokenizer
+    from trainer.families.sd.tiny import build_tokenizer
 
     torch.manual_seed(0)
     tok = build_tokenizer()

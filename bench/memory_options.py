@@ -33,7 +33,7 @@ def _denoiser(name: str, device):
     import torch
 
     if name == "tiny-flux":
-        from trainer.models.tiny_flow import build_flux_components
+        from trainer.families.common.tiny_mmdit import build_flux_components
 
         return build_flux_components()["transformer"].to(torch.bfloat16)
     from diffusers import FluxTransformer2DModel, UNet2DConditionModel

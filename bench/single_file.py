@@ -38,8 +38,8 @@ def _build(folder: str, family: str = "sd1") -> dict:
     from diffusers import AutoencoderKL, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
-    from trainer.export.checkpoint import save_checkpoint
-    from trainer.models.tiny import write_tokenizer_files
+    from trainer.families.sd.checkpoint import save_checkpoint
+    from trainer.families.sd.tiny import write_tokenizer_files
 
     configs = ROOT / "trainer" / "assets" / "families" / family
     torch.manual_seed(0)

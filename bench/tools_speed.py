@@ -58,7 +58,7 @@ def build_model(folder: str) -> dict:
     )
     from transformers import CLIPTextConfig, CLIPTextModel
 
-    from trainer.models.tiny import build_tokenizer
+    from trainer.families.sd.tiny import build_tokenizer
 
     torch.manual_seed(0)
     unet = UNet2DConditionModel(**SD15_UNET)

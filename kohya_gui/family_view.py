@@ -9,7 +9,7 @@ family comes from, first match:
 - ``model.model_version`` when it is not ``auto``, and the embedded models (the config's own
   rule, ``trainer.config.family_rules.known_family``);
 - a diffusers folder or a ``.safetensors`` file: the loader's own detection
-  (``trainer.models.detect.detect_path``: ``model_index.json``, or the header's key names and
+  (``trainer.families.detect_path``: ``model_index.json``, or the header's key names and
   shapes), which reads no weight and imports no torch.
 
 Anything else (a path that does not exist yet, a ``.ckpt``, a file detection cannot place) is
@@ -61,7 +61,7 @@ def model_family(model: Any, version: Any = "auto") -> Optional[str]:
         model_version=version, pretrained_model_name_or_path=model)))
     if named is not None or not model or model.startswith("embedded:"):
         return named
-    from trainer.models.detect import family_or_none
+    from trainer.families import family_or_none
 
     return family_or_none(model)  # the loader's own detection, headers only
 

@@ -37,15 +37,15 @@ def flux_lora_file(path, seed: int = 3, rank: int = 4, alpha: float = 2.0,
     converter refuses it at the tiny width before any split (an assert on FLUX.1's sizes)."""
     from peft import LoraConfig, inject_adapter_in_model
 
-    from trainer.export.flow_lora import FlowLoraInfo, save_flow_lora
-    from trainer.export.flux_lora import (
+    from trainer.families.common.mmdit_lora_file import FlowLoraInfo, save_flow_lora
+    from trainer.families.flux.lora import (
         CLIP_TARGETS,
         DOUBLE_PARTS,
         SINGLE_PARTS,
         flux_kohya_state_dict,
         flux_target_modules,
     )
-    from trainer.models.tiny_flow import build_flux_components
+    from trainer.families.common.tiny_mmdit import build_flux_components
 
     comps = build_flux_components()
     tr, clip = comps["transformer"], comps["text_encoder"]
@@ -65,10 +65,10 @@ def sd3_lora_file(path, seed: int = 3, rank: int = 4, alpha: float = 2.0):
     CLIP-G, alpha / rank folded into lora_B), random, fp32."""
     from peft import LoraConfig, inject_adapter_in_model
 
-    from trainer.export.flow_lora import FlowLoraInfo, save_flow_lora
-    from trainer.export.flux_lora import CLIP_TARGETS
-    from trainer.export.sd3_lora import sd3_state_dict, sd3_target_modules
-    from trainer.models.tiny_flow import build_sd3_components
+    from trainer.families.common.mmdit_lora_file import FlowLoraInfo, save_flow_lora
+    from trainer.families.flux.lora import CLIP_TARGETS
+    from trainer.families.sd3.lora import sd3_state_dict, sd3_target_modules
+    from trainer.families.common.tiny_mmdit import build_sd3_components
 
     comps = build_sd3_components()
     tr = comps["transformer"]

@@ -15,7 +15,7 @@ from trainer.advisor.advice import GIB
 from trainer.advisor.estimate import advise
 from trainer.advisor.flow_advice import FlowOption, cheapest_fit, flow_memory
 from trainer.config.files import from_dict
-from trainer.models import tiny_flow
+from trainer.families.common import tiny_mmdit as tiny_flow
 from trainer.system.device import DeviceInfo
 
 CARD_16GB = DeviceInfo(backend="cuda", name="NVIDIA GeForce RTX 4080", torch_device="cuda:0",
@@ -166,7 +166,7 @@ def test_the_family_of_a_file_is_read_without_torch(tmp_path):
 
     path = single_file_model(tmp_path, "flux1")["pretrained_model_name_or_path"]
     code = ("import sys\n"
-            "from trainer.models.detect import detect_path, family_or_none\n"
+            "from trainer.families import detect_path, family_or_none\n"
             f"found = detect_path({path!r})\n"
             f"assert found.is_flow and family_or_none({str(tmp_path / 'ae.st')!r}) is None\n"
             "assert 'torch' not in sys.modules, 'torch was imported'\n"

@@ -134,7 +134,7 @@ def test_the_header_counts_equal_what_the_loader_stores_in_fp8(tmp_path):
     fp8 (model.fp8_text_encoders), element for element."""
     from trainer.advisor.host_memory import model_parts
     from trainer.config import ModelSection
-    from trainer.models.flow_single_file import load_flow_components
+    from trainer.families.common.mmdit_single_file import load_flow_components
     from trainer.models.memory import FP8
 
     model = single_file_model(tmp_path, "flux1")

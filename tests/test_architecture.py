@@ -25,18 +25,27 @@ ALLOWED: dict[str, set[str]] = {
     "system": set(),
     "events": set(),
     "optim": {"system"},
-    "config": {"system", "optim"},
-    "objectives": {"config", "system"},
-    "models": {"config", "system"},
-    "data": {"config", "system", "models"},
-    "export": {"config", "system", "models"},
-    "methods": {"config", "system", "models", "data", "export"},
-    "importers": {"config", "system", "models", "data"},
-    "advisor": {"config", "system", "optim", "models", "data", "export", "methods"},
-    "tools": {"config", "system", "optim", "models", "data", "export", "methods"},
-    "run": {"config", "system", "events", "optim", "objectives", "models", "data", "export",
-            "methods"},
+    "families": {"system"},
+    "config": {"system", "optim", "families"},
+    "objectives": {"config", "system", "families"},
+    "models": {"config", "system", "families"},
+    "data": {"config", "system", "families", "models"},
+    "export": {"config", "system", "families", "models"},
+    "methods": {"config", "system", "families", "models", "data", "export"},
+    "importers": {"config", "system", "families", "models", "data"},
+    "advisor": {"config", "system", "optim", "families", "models", "data", "export", "methods"},
+    "tools": {"config", "system", "optim", "families", "models", "data", "export", "methods"},
+    "run": {"config", "system", "events", "optim", "objectives", "families", "models", "data",
+            "export", "methods"},
 }
+# trainer/families/: the registry, the specs and the torch-free roles are the "families" layer
+# (under the config, which reads the registry); every other role file sits in the layer of what
+# it does, by its name (a family's ``lora`` is an export, its ``kohya`` an importer's table).
+ROLE_LAYERS = {"detect": "families", "spec": "families", "files": "families",
+               "mmdit_detect": "families", "rules": "config", "kohya": "importers",
+               "lora": "export", "checkpoint": "export", "pipeline_folder": "export",
+               "mmdit_checkpoint": "export", "mmdit_lora_file": "export", "memory": "advisor"}
+TORCH_FREE_ROLES = ("detect", "rules", "spec", "files", "mmdit_detect", "kohya")
 TOP = {"cli", "__main__", ""}  # the commands and the package root: may import any package
 HEAVY = ("torch", "diffusers", "transformers", "peft", "accelerate", "gradio", "safetensors")
 
@@ -107,8 +116,11 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def layer(module: str) -> str:
-    """``trainer.run.loop`` -> ``run``; the root package and its top modules by their names."""
+    """``trainer.run.loop`` -> ``run``; the root package and its top modules by their names; a
+    module of ``trainer/families/<folder>/`` by its role (``ROLE_LAYERS``, else ``models``)."""
     parts = module.split(".")
+    if len(parts) > 3 and parts[1] == "families":
+        return ROLE_LAYERS.get(parts[-1], "models")
     return parts[1] if len(parts) > 1 else ""
 
 
@@ -121,6 +133,9 @@ def forbidden_imports(graph: dict[str, set[str]]) -> list[str]:
             top = target.split(".")[0]
             if top == "kohya_gui":
                 problems.append(f"{module} imports {target}: the trainer never imports the GUI")
+            elif _other_family(module, target):
+                problems.append(f"{module} imports {target}: a family folder imports no other "
+                                f"family's (only trainer/families/common, and sdxl from sd)")
             elif top == "trainer" and layer(target) != own and own not in TOP:
                 allowed = ALLOWED.get(own)
                 if allowed is None:
@@ -132,15 +147,75 @@ def forbidden_imports(graph: dict[str, set[str]]) -> list[str]:
     return problems
 
 
+def _folder(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "families" and \
+        (root_package := parts[2]) not in ("spec",) and root_package else None
+
+
+def _other_family(module: str, target: str) -> bool:
+    """An import from one family folder into another (sdxl may extend sd; all use common)."""
+    own, other = _folder(module), _folder(target)
+    return (own is not None and other is not None and own != other and "common" not in
+            (own, other) and (own, other) != ("sdxl", "sd") and len(target.split(".")) > 3)
+
+
+def torch_free_paths(root: Path) -> list[Path]:
+    """trainer/config and the torch-free roles of trainer/families (detect, rules, ...)."""
+    families = root / "trainer" / "families"
+    return sorted((root / "trainer" / "config").rglob("*.py")) + sorted(
+        p for p in families.rglob("*.py")
+        if p.stem in TORCH_FREE_ROLES or p.name == "__init__.py")
+
+
 def heavy_config_imports(root: Path) -> list[str]:
-    """Imports of torch and the other heavy libraries anywhere in trainer/config."""
+    """Imports of torch and the other heavy libraries in trainer/config and in the torch-free
+    family roles (the GUI, the advisor and the doctor detect and validate without torch)."""
     out = []
-    for path in sorted((root / "trainer" / "config").rglob("*.py")):
+    for path in torch_free_paths(root):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
                      [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             out += [f"{module_name(root, path)} imports {n}" for n in names
                     if n.split(".")[0] in HEAVY]
+    return out
+
+
+def family_words() -> set[str]:
+    """Every spelling of a family or a variant: the registry's names, folders and assets."""
+    from trainer.families import FAMILIES
+
+    words = {"flux", "sd"}
+    for spec in FAMILIES.values():
+        words |= {spec.name, spec.folder} | {v.asset for v in spec.variants}
+    return words
+
+
+def _literals(node: ast.AST) -> list[str]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return [v for e in node.elts for v in _literals(e)]
+    return []
+
+
+def family_literal_comparisons(root: Path) -> list[str]:
+    """``x == "flux1"``, ``version in ("sd1", "sd2")``, ``name.startswith("flux")`` outside
+    trainer/families: a family's behaviour belongs to its folder or its spec."""
+    words, out = family_words(), []
+    paths = [p for folder in ("trainer", "kohya_gui") for p in sorted((root / folder).rglob("*.py"))
+             if "families" not in p.relative_to(root).parts[:2]]
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            found = []
+            if isinstance(node, ast.Compare):
+                found = [w for side in [node.left, *node.comparators] for w in _literals(side)]
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    node.func.attr in ("startswith", "endswith"):
+                found = [w for a in node.args for w in _literals(a)]
+            hits = sorted({w for w in found if w in words})
+            if hits:
+                out.append(f"{path.relative_to(root)}:{node.lineno} compares {', '.join(hits)}")
     return out
 
 
@@ -180,6 +255,10 @@ def test_loading_every_preset_imports_no_heavy_library():
                          check=True).stdout.split(" ", 1)
     presets = len(list((ROOT / "presets").rglob("*.toml")))
     assert int(out[0]) == presets + 1 and out[1].strip() == "[]"
+
+
+def test_no_family_name_is_compared_outside_the_families():
+    assert family_literal_comparisons(ROOT) == []
 
 
 def test_no_module_over_400_lines():
@@ -225,8 +304,15 @@ def test_a_relative_import_circle_is_found(tree):
      "trainer.data.buckets imports trainer.run.loop: trainer/data may import only"),
     ("trainer/models/loader.py", "import trainer.run.step",
      "trainer.models.loader imports trainer.run.step: trainer/models may import only"),
-    ("trainer/system/device.py", "from trainer.models import tiny",
-     "trainer.system.device imports trainer.models.tiny: trainer/system may import only itself"),
+    ("trainer/system/device.py", "from trainer.models import loader",
+     "trainer.system.device imports trainer.models.loader: trainer/system may import only itself"),
+    ("trainer/families/sd/detect.py", "from trainer.models import loader",
+     "trainer.families.sd.detect imports trainer.models.loader: trainer/families may import only"),
+    ("trainer/families/flux/lora.py", "from trainer.run import loop",
+     "trainer.families.flux.lora imports trainer.run.loop: trainer/export may import only"),
+    ("trainer/families/sd3/conditioning.py", "from trainer.families.flux import conditioning",
+     "trainer.families.sd3.conditioning imports trainer.families.flux.conditioning: a family "
+     "folder imports no other family's"),
     ("trainer/config/schema.py", "from trainer.data import DatasetError",
      "trainer.config.schema imports trainer.data: trainer/config may import only"),
     ("trainer/run/loop.py", "from kohya_gui.runner import Runner",
@@ -236,6 +322,26 @@ def test_a_forbidden_import_is_found(tree, where, line, expected):
     append(tree / where, f"def later():\n    {line}  # noqa\n")
     problems = forbidden_imports(import_graph(tree))
     assert len(problems) == 1 and problems[0].startswith(expected), problems
+
+
+@pytest.mark.parametrize("line", ['if model.version == "flux1":\n        pass',
+                                  'ok = family in ("sd1", "sd2")',
+                                  'ok = name.startswith("flux")'])
+def test_a_family_name_comparison_is_found(tree, line):
+    append(tree / "trainer/run/step.py", f"def later(model, family, name):\n    {line}\n")
+    assert [p.split(" compares")[0].split(":")[0] for p in family_literal_comparisons(tree)
+            if p.startswith("trainer/run/step.py")] == ["trainer/run/step.py"]
+
+
+def test_a_family_comparison_inside_its_folder_is_allowed(tree):
+    append(tree / "trainer/families/flux/conditioning.py",
+           'def later(model):\n    return model.version == "flux1"\n')
+    assert not [p for p in family_literal_comparisons(tree) if "families" in p]
+
+
+def test_torch_in_a_detect_role_is_found(tree):
+    append(tree / "trainer/families/flux/detect.py", "def later():\n    import torch  # noqa\n")
+    assert heavy_config_imports(tree) == ["trainer.families.flux.detect imports torch"]
 
 
 def test_torch_in_the_config_is_found(tree):

@@ -1,4 +1,4 @@
-"""One detection (trainer/models/detect.py) for train, advise, the GUI and the doctor: a diffusers
+"""One detection (trainer/families/__init__.py) for train, advise, the GUI and the doctor: a diffusers
 folder, an SD single file, a FLUX.1 transformer alone in BFL's layout, a ComfyUI all-in-one
 file; headers only, no torch; and the doctor's --model lines."""
 
@@ -16,8 +16,8 @@ from test_memory_fp8 import tiny_flux_file
 
 from trainer.advisor.estimate import advise
 from trainer.config.files import from_dict
-from trainer.models.detect import detect_path, family_or_none
-from trainer.models.families import DetectionError
+from trainer.families import detect_path, family_or_none
+from trainer.families.spec import DetectionError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,7 +27,7 @@ def sd_file(tiny_model_dir, tmp_path):
     from diffusers import AutoencoderKL, UNet2DConditionModel
     from transformers import CLIPTextModel
 
-    from trainer.export.checkpoint import save_checkpoint
+    from trainer.families.sd.checkpoint import save_checkpoint
 
     parts = {"unet": UNet2DConditionModel.from_pretrained(tiny_model_dir, subfolder="unet"),
              "vae": AutoencoderKL.from_pretrained(tiny_model_dir, subfolder="vae"),
@@ -64,7 +64,7 @@ def test_each_layout_is_read_from_its_files(tmp_path, tiny_model_dir, sd_file):
 def test_detection_imports_no_torch(tmp_path, tiny_model_dir, sd_file):
     """The GUI and the doctor ask before torch is loaded."""
     code = ("import sys\n"
-            "from trainer.models.detect import detect_path\n"
+            "from trainer.families import detect_path\n"
             f"print(detect_path({str(sd_file)!r}).family, "
             f"detect_path({str(tiny_model_dir)!r}).family)\n"
             "assert 'torch' not in sys.modules, 'torch was imported'\n")
@@ -130,7 +130,7 @@ def test_the_advisor_counts_a_streamed_files_reads_not_the_whole_file(sd_file):
     load phase counts that beside the built weights, not the file's size."""
     from trainer.advisor.model_configs import read_configs
     from trainer.config import ModelSection
-    from trainer.models.file_checks import read_safetensors_header
+    from trainer.families.common.files import read_safetensors_header
     from trainer.models.streamed_load import GROUP_BYTES
 
     configs = read_configs(ModelSection(pretrained_model_name_or_path=str(sd_file)))

@@ -261,7 +261,7 @@ def test_lists_the_families_a_single_file_loads_offline(capsys, tmp_path, monkey
     """Configs ship with the studio; the tokenizer in the Hugging Face cache decides."""
     import huggingface_hub.constants
 
-    from trainer.models.tiny import write_tokenizer_files
+    from trainer.families.sd.tiny import write_tokenizer_files
     from trainer.models.tokenizers import CLIP_L, FETCH
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
@@ -284,9 +284,9 @@ def test_lists_the_flow_families_tokenizers_clip_and_t5(capsys, tmp_path, monkey
     T5) in the Hugging Face cache, or the one command that fetches what is missing."""
     import huggingface_hub.constants
 
-    from trainer.models.flow_tokenizers import SCHNELL, T5_FETCH
-    from trainer.models.tiny import write_tokenizer_files
-    from trainer.models.tiny_flow import build_t5_tokenizer
+    from trainer.families.common.mmdit_tokenizers import SCHNELL, T5_FETCH
+    from trainer.families.sd.tiny import write_tokenizer_files
+    from trainer.families.common.tiny_mmdit import build_t5_tokenizer
     from trainer.models.tokenizers import CLIP_L, FETCH
 
     def cached(repo: str) -> Path:

@@ -1,6 +1,6 @@
 """FLUX.1 and SD 3.x written in their original layouts are read back by diffusers' own reader.
 
-The writer (trainer/export/flow_checkpoint.py) is held to diffusers' ``from_single_file``, not
+The writer (trainer/families/common/mmdit_checkpoint.py) is held to diffusers' ``from_single_file``, not
 to our loader: the transformer that diffusers builds from the written file gives the original
 tiny model's outputs on fixed inputs. The published sizes are checked without memory on the
 meta device: our writer's header for each shipped config is what diffusers' detection
@@ -18,9 +18,9 @@ import torch
 from flow_helpers import scale_diffusers_flux_split
 from safetensors import safe_open
 
-from trainer.export.flow_checkpoint import flow_state_dict, save_flow_checkpoint, swap_halves
-from trainer.models.flow_families import detect_flow, detect_flow_file
-from trainer.models.tiny_flow import build_flux_components, build_sd3_components
+from trainer.families.common.mmdit_checkpoint import flow_state_dict, save_flow_checkpoint, swap_halves
+from trainer.families.common.mmdit_detect import detect_flow, detect_flow_file
+from trainer.families.common.tiny_mmdit import build_flux_components, build_sd3_components
 
 pytestmark = pytest.mark.usefixtures("no_network")
 
@@ -161,7 +161,7 @@ def _published(family):
     """A meta-device model of a shipped transformer config (buffers too: no memory, no time)."""
     from diffusers import FluxTransformer2DModel, SD3Transformer2DModel
 
-    from trainer.models.families import ASSETS
+    from trainer.families.spec import ASSETS
 
     cls = FluxTransformer2DModel if family.startswith("flux") else SD3Transformer2DModel
     with torch.device("meta"):
@@ -192,7 +192,7 @@ def test_shipped_configs_build_the_published_parameter_counts():
     from diffusers import AutoencoderKL
     from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
-    from trainer.models.families import ASSETS
+    from trainer.families.spec import ASSETS
 
     def count(model):
         return sum(p.numel() for p in model.parameters())

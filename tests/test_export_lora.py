@@ -19,7 +19,7 @@ from trainer.export.lora import (
     text_encoder_module_path,
 )
 from trainer.export.metadata import RunFacts
-from trainer.models.tiny import build_components
+from trainer.families.sd.tiny import build_components
 
 UNET_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "proj_in", "proj_out", "ff.net.0.proj",
                 "ff.net.2"]

@@ -26,7 +26,7 @@ from trainer.export.metadata import (
     count_tags,
     modelspec_architecture,
 )
-from trainer.models.tiny import build_components
+from trainer.families.sd.tiny import build_components
 
 REQUIRED_SS = """ss_network_module ss_network_dim ss_network_alpha ss_network_args
 ss_base_model_version ss_output_name ss_learning_rate ss_unet_lr ss_text_encoder_lr ss_optimizer

@@ -1,8 +1,8 @@
 """FLUX.1 and SD 3.x single files load offline into the pipelines' components.
 
-The files are the tiny models written by trainer/export/flow_checkpoint.py (itself held to
+The files are the tiny models written by trainer/families/common/mmdit_checkpoint.py (itself held to
 diffusers' reader in test_export_flow_checkpoint.py); loaded back with
-trainer/models/flow_single_file.py, every module equals the original and the transformer gives
+trainer/families/common/mmdit_single_file.py, every module equals the original and the transformer gives
 its outputs. The tiny models are not the published size, so their configs come from a folder
 of configs (``model.config_dir``) or, for the SD 3.x transformer, from the file's header.
 """
@@ -15,18 +15,18 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from trainer.export.flow_checkpoint import (
+from trainer.families.common.mmdit_checkpoint import (
     clip_tensors,
     flow_state_dict,
     save_flow_checkpoint,
     t5_tensors,
     vae_tensors,
 )
-from trainer.models.families import DetectionError, ModelLoadError
-from trainer.models.flow_families import detect_flow_file
-from trainer.models.flow_single_file import load_flow_components
-from trainer.models.flow_tokenizers import T5_FETCH, TokenizerNotFound, load_flow_tokenizers
-from trainer.models.tiny_flow import build_flux_components, save_tiny_flow_model
+from trainer.families.spec import DetectionError, ModelLoadError
+from trainer.families.common.mmdit_detect import detect_flow_file
+from trainer.families.common.mmdit_single_file import load_flow_components
+from trainer.families.common.mmdit_tokenizers import T5_FETCH, TokenizerNotFound, load_flow_tokenizers
+from trainer.families.common.tiny_mmdit import build_flux_components, save_tiny_flow_model
 
 pytestmark = pytest.mark.usefixtures("no_network")
 
@@ -237,7 +237,7 @@ def test_the_diffusers_copy_holds_the_files_weights_not_the_stored_ones(tmp_path
     from test_flow_train import single_file_model
 
     from trainer.config import ModelSection
-    from trainer.models.file_checks import read_safetensors_header
+    from trainer.families.common.files import read_safetensors_header
     from trainer.models.loader import _cache_folder, load_base_model
 
     model = single_file_model(tmp_path, "flux1")

@@ -15,7 +15,7 @@ from train_helpers import one_image_dataset, small_config
 
 from trainer.events import ListSink, Log, Sample, Validation
 from trainer.methods.lora import LoraMethod
-from trainer.models.conditioning import family_of
+from trainer.families import family_of
 from trainer.models.loader import resolve_model_path
 from trainer.models.text_conditioning import TextConditioning
 from trainer.run.loop import run
@@ -160,7 +160,7 @@ def single_file_model(tmp_path, family: str) -> dict:
     with separate ae / clip_l / t5xxl files; SD 3.5 as one file with its text encoders."""
     from safetensors.torch import save_file
 
-    from trainer.export.flow_checkpoint import (
+    from trainer.families.common.mmdit_checkpoint import (
         clip_tensors,
         save_flow_checkpoint,
         t5_tensors,
@@ -244,7 +244,7 @@ def test_an_fp8_lora_trains_the_same_whether_stored_at_load_or_after_the_adapter
     ways start from the same adapters and end in the same LoRA, bit for bit."""
     from safetensors.torch import load_file
 
-    from trainer.models import flow_single_file
+    from trainer.families.common import mmdit_single_file as flow_single_file
 
     model = {**single_file_model(tmp_path, family), "base_precision": "fp8"}
     streaming = flow_single_file.load_flow_components

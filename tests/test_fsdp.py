@@ -62,13 +62,13 @@ def test_one_process_is_refused_when_the_run_starts(tmp_path):
 
 
 def test_each_block_is_a_unit_of_its_own():
-    from trainer.models.tiny import build_components
+    from trainer.families.sd.tiny import build_components
 
     parts = build_components()
     unet, encoder = parts["unet"], parts["text_encoder"]
     assert units(unet) == [*unet.down_blocks, *unet.up_blocks, unet.mid_block]
     assert units(encoder) == list(encoder.encoder.layers)  # CLIP: its transformer layers
-    from trainer.models.tiny_flow import build_flux_components
+    from trainer.families.common.tiny_mmdit import build_flux_components
 
     flux = build_flux_components()
     transformer, t5 = flux["transformer"], flux["text_encoder_2"]

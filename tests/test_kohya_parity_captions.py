@@ -14,10 +14,10 @@ from train_helpers import one_image_dataset, small_config
 from trainer.config import TrainConfig
 from trainer.data.captions import CaptionOptions, apply_caption
 from trainer.importers.kohya_ss import import_kohya
-from trainer.models.conditioning import family_of
+from trainer.families import family_of
 from trainer.models.loader import load_base_model
-from trainer.models.long_prompts import PromptOptions, token_windows
-from trainer.models.weighted_prompts import parse_weights
+from trainer.families.sd.long_prompts import PromptOptions, token_windows
+from trainer.families.sd.weighted_prompts import parse_weights
 from trainer.run.loop import run
 
 LONG = ", ".join(f"red circle {i}" for i in range(40))  # well over 150 tokens

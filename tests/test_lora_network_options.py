@@ -110,7 +110,7 @@ def test_block_dims_write_a_rank_per_module_that_diffusers_loads(tmp_path):
             block = _sd_block(module)
             assert f.get_tensor(key).shape[0] == dims[block], key
             assert f.get_tensor(module + ".alpha").item() == pytest.approx(alphas[block])
-    from trainer.models.tiny import build_components
+    from trainer.families.sd.tiny import build_components
 
     pipe = StableDiffusionPipeline(**build_components(), safety_checker=None,
                                    feature_extractor=None, requires_safety_checker=False)

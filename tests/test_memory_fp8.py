@@ -116,8 +116,8 @@ def tiny_flux_file(tmp_path, dtype):
     (no weights), its diffusers folder and its components: (file, configs, folder, parts)."""
     import shutil
 
-    from trainer.export.flow_checkpoint import save_flow_checkpoint
-    from trainer.models.tiny_flow import save_tiny_flow_model
+    from trainer.families.common.mmdit_checkpoint import save_flow_checkpoint
+    from trainer.families.common.tiny_mmdit import save_tiny_flow_model
 
     folder = save_tiny_flow_model(tmp_path / "flux", family="flux")
     configs = tmp_path / "configs"
@@ -139,8 +139,8 @@ def test_an_fp8_checkpoint_is_stored_as_shipped(tmp_path):
     model.base_precision = "fp8": every cast weight is the file's fp8 tensor, bit for bit
     (e4m3 -> bf16 -> e4m3 is exact)."""
 
-    from trainer.export.flow_checkpoint import flow_state_dict
-    from trainer.models.flow_single_file import load_flow_components
+    from trainer.families.common.mmdit_checkpoint import flow_state_dict
+    from trainer.families.common.mmdit_single_file import load_flow_components
 
     path, configs, folder, original = tiny_flux_file(tmp_path, FP8)
     shipped = flow_state_dict({"transformer": original["transformer"]}, "flux1-dev")
@@ -241,9 +241,9 @@ def test_the_loader_streams_the_transformer_into_fp8_storage(tmp_path, monkeypat
     transformer at full width (issue 29); T5 with fp8_t5 likewise, a group at a time. The
     result equals the bf16-built modules stored in fp8 afterwards, bit for bit."""
 
-    from trainer.models import flow_parts as fsf
+    from trainer.families.common import mmdit_parts as fsf
     from trainer.models import streamed_load
-    from trainer.models.flow_single_file import load_flow_components
+    from trainer.families.common.mmdit_single_file import load_flow_components
     from trainer.models.memory import T5_SKIP, fp8_parameter_names
 
     path, configs, folder, _ = tiny_flux_file(tmp_path, shipped)
@@ -302,7 +302,7 @@ def test_t5s_fp32_layers_are_stored_in_fp8_and_compute_in_fp32():
     import copy
 
     from trainer.models.memory import T5_SKIP, to_compute_dtype
-    from trainer.models.tiny_flow import build_flux_components
+    from trainer.families.common.tiny_mmdit import build_flux_components
 
     t5 = build_flux_components()["text_encoder_2"].eval().requires_grad_(False)
     reference = copy.deepcopy(t5)

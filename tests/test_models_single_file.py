@@ -16,11 +16,11 @@ from safetensors.torch import save_file
 from train_helpers import randomize
 
 from trainer.config import ModelSection
-from trainer.export.checkpoint import ldm_state_dict, save_checkpoint
-from trainer.models import single_file
+from trainer.families.sd.checkpoint import ldm_state_dict, save_checkpoint
+from trainer.families.sd import load as single_file
 from trainer.models.loader import ModelLoadError, load_base_model
 from trainer.models.streamed_load import SafetensorsReader
-from trainer.models.tiny import (
+from trainer.families.sd.tiny import (
     build_components,
     build_sd2_components,
     build_sdxl_components,

@@ -9,7 +9,7 @@ import pytest
 import torch
 from train_helpers import folder_digest as digest
 
-from trainer.models.tiny import (
+from trainer.families.sd.tiny import (
     SDXL_TIME_EMBED_DIM,
     SDXL_WIDTHS,
     build_sd2_components,

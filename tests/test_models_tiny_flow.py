@@ -9,7 +9,7 @@ import pytest
 import torch
 from train_helpers import folder_digest as digest
 
-from trainer.models.tiny_flow import (
+from trainer.families.common.tiny_mmdit import (
     FLUX_ROPE_AXES,
     FLUX_VAE,
     FLUX_WIDTHS,

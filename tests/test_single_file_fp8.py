@@ -16,7 +16,7 @@ from trainer.events import ListSink, Log, Step
 from trainer.models import streamed_load
 from trainer.models.loader import load_base_model
 from trainer.models.memory import FP8, fp8_parameter_names, store_fp8, to_compute_dtype
-from trainer.models.tiny import save_tiny_model
+from trainer.families.sd.tiny import save_tiny_model
 from trainer.run.loop import run
 
 pytestmark = pytest.mark.usefixtures("no_network")

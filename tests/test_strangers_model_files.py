@@ -19,8 +19,8 @@ from safetensors.torch import save_file
 from train_helpers import one_image_dataset, randomize
 
 from trainer import cli
-from trainer.models import file_checks
-from trainer.models.tiny import build_sdxl_components, save_tiny_model
+from trainer.families.common import files as file_checks
+from trainer.families.sd.tiny import build_sdxl_components, save_tiny_model
 
 pytestmark = pytest.mark.usefixtures("no_network")
 
@@ -42,7 +42,7 @@ def rewrite_header(src: Path, dst: Path, change) -> Path:
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     """name -> (path, config folder or None, extra model settings)."""
-    from trainer.export.checkpoint import ldm_state_dict, save_checkpoint
+    from trainer.families.sd.checkpoint import ldm_state_dict, save_checkpoint
 
     root = tmp_path_factory.mktemp("strangers")
     xl_dir = save_tiny_model(root / "xl-configs", family="sdxl")

@@ -8,8 +8,9 @@ import torch
 from test_models_single_file import BUILDERS, MODULES, assert_same_weights, load, write
 from train_helpers import randomize
 
-from trainer.models import single_file, streamed_load
-from trainer.models.tiny import save_tiny_model
+from trainer.models import streamed_load
+from trainer.families.sd import load as single_file
+from trainer.families.sd.tiny import save_tiny_model
 
 
 @pytest.fixture(scope="module")

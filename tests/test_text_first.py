@@ -12,7 +12,7 @@ from test_flow_train import flow_config, single_file_model
 from trainer.config.files import from_dict
 from trainer.events import ListSink, Log
 from trainer.methods import get_method
-from trainer.models.conditioning import family_of
+from trainer.families import family_of
 from trainer.run import caches, text_first
 from trainer.run.loop import run
 
@@ -33,7 +33,7 @@ def test_the_transformer_is_built_after_the_text_encoders_are_released(tmp_path,
     """At the moment the transformer is built, every caption's outputs are cached and each
     text encoder holds no memory (its tensors on the meta device); the LoRA is the one the run
     trains with the transformer loaded first, bit for bit."""
-    from trainer.models import flow_single_file
+    from trainer.families.common import mmdit_single_file as flow_single_file
 
     seen, real_fill, real_build = {}, caches.fill_text_cache, flow_single_file.build_transformer
 

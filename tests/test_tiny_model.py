@@ -4,7 +4,7 @@ import hashlib
 
 import torch
 
-from trainer.models.tiny import build_components, build_tokenizer, learn_bpe, save_tiny_model
+from trainer.families.sd.tiny import build_components, build_tokenizer, learn_bpe, save_tiny_model
 
 
 def _digest(path):

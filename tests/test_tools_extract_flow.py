@@ -14,7 +14,7 @@ from test_flow_train import MODELS, PIPELINES, flow_config, predict
 
 from trainer.config import TrainConfig
 from trainer.events import ListSink
-from trainer.export.sd3_lora import sd3_target_modules
+from trainer.families.sd3.lora import sd3_target_modules
 from trainer.models.loader import resolve_model_path
 from trainer.run.loop import run
 from trainer.tools.extract import extract, format_extract

@@ -8,15 +8,15 @@ import torch
 from peft import LoraConfig, inject_adapter_in_model
 from safetensors.torch import save_file
 
-from trainer.export.flow_lora import FlowLoraInfo, save_flow_lora
-from trainer.export.flux_lora import (
+from trainer.families.common.mmdit_lora_file import FlowLoraInfo, save_flow_lora
+from trainer.families.flux.lora import (
     CLIP_TARGETS,
     T5_TARGETS,
     flux_kohya_state_dict,
     flux_target_modules,
 )
-from trainer.export.sd3_lora import sd3_state_dict, sd3_target_modules
-from trainer.models.tiny_flow import build_flux_components, build_sd3_components
+from trainer.families.sd3.lora import sd3_state_dict, sd3_target_modules
+from trainer.families.common.tiny_mmdit import build_flux_components, build_sd3_components
 from trainer.tools.inspect import format_inspect, inspect
 from trainer.tools.options import InspectOptions
 

@@ -130,7 +130,7 @@ def test_loha_merges_as_peft_computes_it(tiny_model_dir, tmp_path):
     from safetensors.torch import save_file
 
     from trainer.export.lora import kohya_module_name
-    from trainer.models.tiny import build_components
+    from trainer.families.sd.tiny import build_components
     from trainer.tools.targets import LAYERS
 
     comps = build_components()
@@ -188,7 +188,7 @@ def test_sdxl_names_merge_where_diffusers_puts_them(tmp_path):
     from safetensors.torch import save_file
 
     from trainer.export.lora import kohya_state_dict, sgm_unet_names
-    from trainer.models.tiny import build_sdxl_components, save_tiny_model
+    from trainer.families.sd.tiny import build_sdxl_components, save_tiny_model
 
     base_dir = save_tiny_model(tmp_path / "sdxl", family="sdxl")
     comps = build_sdxl_components()

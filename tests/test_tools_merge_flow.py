@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 from test_flow_train import MODELS, PIPELINES, predict
 
 from trainer.config import TrainConfig
-from trainer.export.flow_checkpoint import flux_tensors, swap_halves
+from trainer.families.common.mmdit_checkpoint import flux_tensors, swap_halves
 from trainer.models.loader import resolve_model_path
 from trainer.tools.merge import format_merge, merge
 from trainer.tools.options import MergeOptions

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from trainer.models.tiny import build_components
+from trainer.families.sd.tiny import build_components
 
 UNET_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "proj_in", "proj_out", "ff.net.0.proj",
                 "ff.net.2"]

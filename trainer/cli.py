@@ -79,7 +79,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _tiny_model(args: argparse.Namespace) -> int:
-    from trainer.models.tiny import save_tiny_model
+    from trainer.families.sd.tiny import save_tiny_model
 
     path = save_tiny_model(args.dir)
     print(f"wrote the tiny SD 1.x model to {path}")

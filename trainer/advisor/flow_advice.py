@@ -62,7 +62,7 @@ def flow_transformer_config(section: Any) -> Optional[dict]:
         from trainer.advisor.shipped import embedded_flow_config
 
         def config() -> dict:
-            from trainer.models import tiny_flow
+            from trainer.families.common import tiny_mmdit as tiny_flow
 
             build = tiny_flow.build_flux_components if EMBEDDED_MODELS[value] == "flux1" \
                 else tiny_flow.build_sd3_components
@@ -73,9 +73,9 @@ def flow_transformer_config(section: Any) -> Optional[dict]:
     if path.is_dir():
         config = path / "transformer" / "config.json"
         return json.loads(config.read_text(encoding="utf-8")) if config.is_file() else None
-    from trainer.models.detect import detect_path
-    from trainer.models.families import ModelLoadError
-    from trainer.models.flow_families import detect_flow_file, header_config
+    from trainer.families import detect_path
+    from trainer.families.spec import ModelLoadError
+    from trainer.families.common.mmdit_detect import detect_flow_file, header_config
 
     # model_version = "auto" reads the family from the header, as train does
     if section.model_version == "auto":
@@ -210,7 +210,7 @@ def _phases(advice: Advice, cfg: Any, info: Any, config: dict, option: FlowOptio
     """The RAM and the device phase by phase (:mod:`trainer.advisor.host_memory`); on the CPU
     the peak is the phase that holds the most."""
     from trainer.advisor import host_memory as hm
-    from trainer.models.families import ASSETS
+    from trainer.families.spec import ASSETS
     from trainer.system.device import system_memory
 
     family = _family(config)

@@ -76,7 +76,7 @@ def _count(tensors: dict[str, Any], part: str, prefix: str = "") -> Part:
 
 
 def _header(path: Path) -> dict[str, Any]:
-    from trainer.models.file_checks import read_safetensors_header
+    from trainer.families.common.files import read_safetensors_header
 
     return read_safetensors_header(path).tensors
 
@@ -92,7 +92,7 @@ def _folder_parts(root: Path, family: str) -> dict[str, Part]:
 
 
 def _file_parts(section: Any, path: Path) -> dict[str, Part]:
-    from trainer.models.flow_families import detect_flow_file
+    from trainer.families.common.mmdit_detect import detect_flow_file
 
     info = detect_flow_file(path)
     main = _header(path)
@@ -251,7 +251,7 @@ def vae_encode_bytes(config_dir: Path, size: tuple[int, int]) -> int:
     from trainer.advisor.footprint import simulate_encode
     from trainer.advisor.model_configs import read_configs
     from trainer.config import ModelSection
-    from trainer.models.families import ASSETS
+    from trainer.families.spec import ASSETS
 
     config = json.loads((config_dir / "vae" / "config.json").read_text(encoding="utf-8"))
     sd = read_configs(ModelSection(pretrained_model_name_or_path=str(ASSETS / "sd1")))

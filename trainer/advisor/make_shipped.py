@@ -45,7 +45,7 @@ def unet_configs(model: str) -> Any:
 
 def flow_config(model: str) -> dict:
     if model.startswith("embedded:"):
-        from trainer.models import tiny_flow
+        from trainer.families.common import tiny_mmdit as tiny_flow
 
         build = tiny_flow.build_flux_components if model.endswith("flux") \
             else tiny_flow.build_sd3_components

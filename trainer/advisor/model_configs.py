@@ -2,8 +2,8 @@
 advisor's cache of what it has computed from them.
 
 The configs: a diffusers folder's ``*/config.json``; for a single file, the family its header
-names (:mod:`trainer.models.families`) and that family's built-in configs or
-``model.config_dir``; for the embedded models, their builders' (:mod:`trainer.models.tiny`).
+names (:mod:`trainer.families.sd.detect`) and that family's built-in configs or
+``model.config_dir``; for the embedded models, their builders' (:mod:`trainer.families.sd.tiny`).
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def embedded_configs(value: str) -> ModelConfigs:
 def built_configs(value: str) -> ModelConfigs:
     """The configs of an embedded model, from its builder (seconds: diffusers and the tiny
     model)."""
-    from trainer.models import tiny
+    from trainer.families.sd import tiny
     from trainer.models.loader import EMBEDDED_MODELS
 
     def build() -> ModelConfigs:
@@ -96,7 +96,7 @@ def built_configs(value: str) -> ModelConfigs:
 def read_configs(section: Any) -> ModelConfigs:
     """The component configs of ``model`` (a ``ModelSection``); reads no weight. Raises
     ``ModelLoadError`` naming the setting."""
-    from trainer.models.families import ModelLoadError
+    from trainer.families.spec import ModelLoadError
     from trainer.models.loader import EMBEDDED_MODELS, FIELD, resolve_model_path
 
     if section.pretrained_model_name_or_path in EMBEDDED_MODELS:
@@ -120,10 +120,10 @@ def _file_family(path: Path) -> tuple[Any, int]:
     """(the family, the bytes read beside the built weights while it loads) of a single file:
     a ``.safetensors`` file streams (trainer/models/streamed_load.py: one group of tensors and
     the largest tensor at a time), read from its header alone; a ``.ckpt`` is read whole."""
-    from trainer.models import single_file
-    from trainer.models.detect import detect_path
-    from trainer.models.families import FAMILIES
-    from trainer.models.file_checks import read_safetensors_header
+    from trainer.families.sd import load as single_file
+    from trainer.families import detect_path
+    from trainer.families.sd.detect import FAMILIES
+    from trainer.families.common.files import read_safetensors_header
     from trainer.models.streamed_load import GROUP_BYTES
 
     if path.suffix.lower() == ".safetensors":

@@ -117,11 +117,11 @@ def _embedded(value: str, section: str, module: str) -> Any:
 
 def embedded_configs(value: str) -> Optional[dict[str, Any]]:
     """The shipped configs of an embedded UNet model (family, unet, vae, text_encoders) while
-    trainer/models/tiny.py is the one they came from, else None."""
+    trainer/families/sd/tiny.py is the one they came from, else None."""
     return _embedded(value, "unet", "tiny.py")
 
 
 def embedded_flow_config(value: str) -> Optional[dict]:
     """The shipped transformer config of an embedded FLUX.1 / SD 3.5 model while
-    trainer/models/tiny_flow.py is the one it came from, else None."""
+    trainer/families/common/tiny_mmdit.py is the one it came from, else None."""
     return _embedded(value, "flow", "tiny_flow.py")

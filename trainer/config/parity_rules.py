@@ -78,7 +78,7 @@ SD_CAPTION_KEYS = ("weighted_captions", "max_token_length", "no_token_padding")
 
 def caption_checks(cfg: Any) -> None:
     """no_token_padding pads each batch to its own length, which 75-token windows and weights
-    (trainer/models/long_prompts.py) cannot follow; sd-scripts reads it in train_db.py only,
+    (trainer/families/sd/long_prompts.py) cannot follow; sd-scripts reads it in train_db.py only,
     without either."""
     ds = cfg.dataset
     if ds.no_token_padding and (ds.max_token_length or ds.weighted_captions):

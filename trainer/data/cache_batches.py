@@ -101,7 +101,7 @@ def latent_id(vae_id: str, backend: str, dtype: Any) -> str:
 
 def text_encoder_configs(model: Any) -> list[tuple[Any, int]]:
     """``(config, tokens per caption)`` of each of the model's text encoders."""
-    from trainer.models.conditioning import family_of
+    from trainer.families import family_of
 
     out = []
     for _, encoder, tokenizer in family_of(model).text_encoders(model):

@@ -20,7 +20,7 @@ import torch
 
 from trainer.config.paths import data_home as studio_data_home
 
-from ..models.conditioning import size_ids
+from trainer.families.sdxl.conditioning import size_ids
 from . import color_aug
 from .buckets import BucketSpec, Size, assign_bucket, bucket_name, bucket_table_for, cover_size
 from .buckets import crop_box as make_crop_box

@@ -127,7 +127,7 @@ def kohya_state_dict(
 def sgm_unet_names(unet: torch.nn.Module) -> Any:
     """diffusers module path -> the original (SGM/LDM) one, for this UNet's config:
     ``down_blocks.1.attentions.0.proj_in`` -> ``input_blocks.4.1.proj_in`` (SDXL's layout)."""
-    from trainer.export.checkpoint import original_module_path, unet_prefix_map
+    from trainer.families.sd.checkpoint import original_module_path, unet_prefix_map
 
     prefixes = unet_prefix_map(unwrap(unet).config)
     return lambda path: original_module_path(path, prefixes)

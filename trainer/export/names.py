@@ -2,7 +2,7 @@
 text encoder's path under ``text_model.``, and the model under its DDP / compile wrappers.
 
 Shared by the LoRA and LyCORIS writers (:mod:`trainer.export.lora`, :mod:`trainer.export.lycoris`)
-and the single-file checkpoint writer (:mod:`trainer.export.checkpoint`); imports nothing of the
+and the single-file checkpoint writer (:mod:`trainer.families.sd.checkpoint`); imports nothing of the
 trainer, so none of them has to import another for a name.
 """
 

@@ -31,7 +31,7 @@ class MethodBase:
         ``train_text_encoder_2`` (unset: the same as the first) at ``text_encoder_2_lr``
         (unset: ``text_encoder_lr``); the T5 of FLUX.1 / SD 3.5 with ``network.train_t5xxl``
         at ``text_encoder_lr``."""
-        from trainer.models.conditioning import family_of
+        from trainer.families import family_of
 
         net, opt = self.cfg.network, self.cfg.optimizer
         lr = opt.text_encoder_lr or opt.learning_rate
@@ -69,7 +69,7 @@ class MethodBase:
         stop = self.cfg.network.stop_text_encoder_training
         if not self.trains_text_encoder or stop is None or step < stop:
             return None
-        from trainer.models.conditioning import family_of
+        from trainer.families import family_of
 
         for _, encoder, _ in family_of(model).text_encoders(model):
             encoder.requires_grad_(False)

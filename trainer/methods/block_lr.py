@@ -5,7 +5,7 @@ sd-scripts trains its own copy of the original SGM UNet and puts each parameter 
 its name there (``get_block_params_to_optimize``): 0 ``time_embed.`` / ``label_emb.``;
 ``input_blocks.N`` is 1 + N (1-9); ``middle_block.N`` 10 + N (10-12); ``output_blocks.N``
 13 + N (13-21); 22 ``out.``. A diffusers UNet's parameters get their original names from the
-map the single-file writer uses (trainer/export/checkpoint.py), and then the same rule, written
+map the single-file writer uses (trainer/families/sd/checkpoint.py), and then the same rule, written
 out here as sd-scripts writes it. Each block with a rate is one optimizer group at that rate;
 sd-scripts leaves a block at 0 out of the optimizer, and here its weights are frozen too, so
 they get no gradient at all.
@@ -37,7 +37,7 @@ def sgm_block(name: str) -> int:
 
 def unet_blocks(unet: torch.nn.Module) -> list[list[tuple[str, torch.nn.Parameter]]]:
     """The diffusers UNet's (name, parameter) pairs in each of sd-scripts' 23 blocks."""
-    from trainer.export.checkpoint import original_module_path, unet_prefix_map
+    from trainer.families.sd.checkpoint import original_module_path, unet_prefix_map
     from trainer.export.names import unwrap
 
     inner = unwrap(unet)

@@ -6,7 +6,7 @@ generated before training (trainer/run/class_images.py). The result is saved as 
 checkpoint in the original layout (``<name>.safetensors``, what AUTOMATIC1111 and ComfyUI load)
 and, for the final save (or every save with ``saving.intermediate_diffusers``), as a diffusers
 folder ``<name>/`` beside it. FLUX.1's file is in Black Forest Labs' layout, SD 3.5's in
-Stability's (trainer/export/flow_checkpoint.py).
+Stability's (trainer/families/common/mmdit_checkpoint.py).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from trainer.methods.base import MethodBase
-from trainer.models.conditioning import family_of
+from trainer.families import family_of
 
-# a whole FLUX.1 / SD 3.5 checkpoint's parts (trainer/export/flow_checkpoint.py's names)
+# a whole FLUX.1 / SD 3.5 checkpoint's parts (trainer/families/common/mmdit_checkpoint.py's names)
 FLOW_PARTS = {"flux1": ("transformer", "vae", "clip_l", "t5xxl"),
               "sd3": ("transformer", "vae", "clip_l", "clip_g", "t5xxl")}
 
@@ -54,10 +54,10 @@ class DreamBoothMethod(MethodBase):
     def save(self, path: Path, model: Any, facts: Any, final: bool = True) -> Path:
         if model.version in ("flux1", "sd3"):
             return self._save_flow(path, model, facts, final)
-        from trainer.export.checkpoint import save_checkpoint
+        from trainer.families.sd.checkpoint import save_checkpoint
         from trainer.export.lora import unwrap
         from trainer.export.metadata import modelspec_metadata
-        from trainer.export.pipeline_folder import save_pipeline_folder
+        from trainer.families.sd.pipeline_folder import save_pipeline_folder
 
         unet, text_encoder = unwrap(model.unet), unwrap(model.text_encoder)
         te2 = getattr(model, "text_encoder_2", None)
@@ -74,9 +74,9 @@ class DreamBoothMethod(MethodBase):
         """FLUX.1 / SD 3.5: one file in the original layout (BFL's transformer alone, or SAI's
         transformer + VAE, as those models ship; with every component, ComfyUI's "all in one"
         form, when a text encoder trained) and the diffusers folder."""
-        from trainer.export.flow_checkpoint import save_flow_checkpoint
+        from trainer.families.common.mmdit_checkpoint import save_flow_checkpoint
         from trainer.export.lora import unwrap
-        from trainer.export.pipeline_folder import save_flow_pipeline_folder
+        from trainer.families.sd.pipeline_folder import save_flow_pipeline_folder
 
         transformer = unwrap(model.unet)
         trained = {name: unwrap(encoder) for name, encoder, _ in
@@ -96,7 +96,7 @@ class DreamBoothMethod(MethodBase):
 
 
 def flow_checkpoint_family(model: Any) -> str:
-    """trainer/export/flow_checkpoint.py's family name of a loaded FLUX.1 / SD 3.x model."""
+    """trainer/families/common/mmdit_checkpoint.py's family name of a loaded FLUX.1 / SD 3.x model."""
     if model.version == "flux1":
         return f"flux1-{model.variant}"
     return {"5-large": "sd35-large", "5-medium": "sd35-medium"}.get(model.variant,

@@ -1,9 +1,9 @@
 """A FLUX.1 / SD 3.5 LoRA run's file: the tensors in the family's form and sd-scripts' metadata.
 
-FLUX.1: sd-scripts' kohya keys on the BFL layout (trainer/export/flux_lora.py), CLIP-L as
+FLUX.1: sd-scripts' kohya keys on the BFL layout (trainer/families/flux/lora.py), CLIP-L as
 ``lora_te1_`` and T5 as ``lora_te3_``; SD 3.5: the ``transformer.*`` form that diffusers and
-ComfyUI both load (trainer/export/sd3_lora.py). The metadata is the run's ``ss_*`` keys with
-the family's version, architecture and the ``[flow]`` settings (trainer/export/flow_lora.py).
+ComfyUI both load (trainer/families/sd3/lora.py). The metadata is the run's ``ss_*`` keys with
+the family's version, architecture and the ``[flow]`` settings (trainer/families/common/mmdit_lora_file.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 
 def flow_info(model: Any, cfg: Any) -> Any:
     """The file's record of the model and the objective's settings."""
-    from trainer.export.flow_lora import FlowLoraInfo
+    from trainer.families.common.mmdit_lora_file import FlowLoraInfo
 
     f = cfg.flow
     return FlowLoraInfo(
@@ -31,10 +31,10 @@ def flow_info(model: Any, cfg: Any) -> Any:
 def save_flow_run_lora(path: str | Path, model: Any, cfg: Any, facts: Any, dtype: torch.dtype,
                        encoders: list[str]) -> Path:
     """Write the run's LoRA at ``path``; ``encoders``: the text encoders that got one."""
-    from trainer.export.flow_lora import save_flow_lora
-    from trainer.export.flux_lora import flux_kohya_state_dict
+    from trainer.families.common.mmdit_lora_file import save_flow_lora
+    from trainer.families.flux.lora import flux_kohya_state_dict
     from trainer.export.metadata import build_lora_metadata
-    from trainer.export.sd3_lora import sd3_state_dict
+    from trainer.families.sd3.lora import sd3_state_dict
 
     def encoder(name: str) -> Any:
         return getattr(model, name) if name in encoders else None

@@ -10,7 +10,7 @@ from peft import LoraConfig, inject_adapter_in_model
 from trainer.config import TrainConfig
 from trainer.methods.base import MethodBase
 from trainer.methods.fast_lora import lean_forward
-from trainer.models.conditioning import family_of
+from trainer.families import family_of
 
 # The Linear (and 1x1 conv) layers of the UNet's transformer blocks, as sd-scripts targets them.
 UNET_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "proj_in", "proj_out", "ff.net.0.proj",
@@ -51,15 +51,15 @@ def text_encoder_lora_config(cfg: TrainConfig, t5: bool = False) -> LoraConfig:
 
 def denoiser_lora_config(cfg: TrainConfig, model: Any) -> LoraConfig:
     """The UNet's LoRA, or the transformer's of FLUX.1 / SD 3.5 on sd-scripts' modules
-    (trainer/export/flux_lora.py and sd3_lora.py name them; full paths, which peft matches
+    (trainer/families/flux/lora.py and sd3_lora.py name them; full paths, which peft matches
     exactly)."""
     if model.version not in ("flux1", "sd3"):
         from trainer.methods.lora_groups import block_lora_config  # block_dims, lr weights
 
         return block_lora_config(cfg, model.unet, model.version, UNET_TARGETS,
                                  UNET_CONV_TARGETS) or unet_lora_config(cfg)
-    from trainer.export.flux_lora import flux_target_modules
-    from trainer.export.sd3_lora import sd3_target_modules
+    from trainer.families.flux.lora import flux_target_modules
+    from trainer.families.sd3.lora import sd3_target_modules
 
     net = cfg.network
     targets = (flux_target_modules(model.unet, net.train_blocks) if model.version == "flux1"

@@ -172,7 +172,7 @@ class TextualInversionMethod(MethodBase):
         self.tables: list[_Table] = []
 
     def prepare(self, model: Any) -> list[dict[str, Any]]:
-        from trainer.models.conditioning import family_of
+        from trainer.families import family_of
 
         net = self.cfg.network
         names = token_names(net.token_string, net.num_vectors_per_token)

@@ -4,9 +4,9 @@ Every source ends in the same :class:`BaseModel` of diffusers/transformers modul
 and the methods never care where the weights came from.
 
 A single ``.safetensors``/``.ckpt`` file loads with no network access: its family is read from
-the header (:mod:`trainer.models.families`), its configs are the family's built-in ones or
+the header (:mod:`trainer.families.sd.detect`), its configs are the family's built-in ones or
 ``model.config_dir``, its weights go through diffusers' converters one component at a time
-(:mod:`trainer.models.single_file`) and its tokenizer is looked up locally
+(:mod:`trainer.families.sd.load`) and its tokenizer is looked up locally
 (:mod:`trainer.models.tokenizers`). With ``model.cache_as_diffusers`` the result is kept as a
 diffusers folder under the studio's data folder, keyed by the file's identity and the settings
 that shape the result, and loaded from there next time; by default nothing is written.
@@ -20,14 +20,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from trainer.config import EMBEDDED_FLUX, EMBEDDED_MODEL, EMBEDDED_SD3, EMBEDDED_SDXL, ModelSection
+from trainer import families as registry
+from trainer.config import ModelSection
 from trainer.config.paths import data_home
-from trainer.models import families, file_checks, lazy_diffusers, single_file, tokenizers
-from trainer.models.families import FAMILIES, Family, ModelLoadError
+from trainer.families.common import files as file_checks
+from trainer.families.sd import detect as families, load as single_file
+from trainer.families.sd.detect import FAMILIES, Family, ModelLoadError
+from trainer.models import lazy_diffusers, tokenizers
 
-EMBEDDED_MODELS = {EMBEDDED_MODEL: "sd1", EMBEDDED_SDXL: "sdxl", EMBEDDED_FLUX: "flux1",
-                   EMBEDDED_SD3: "sd3"}
-TINY_FLOW = {"flux1": "flux", "sd3": "sd3"}  # family -> trainer.models.tiny_flow's builder
+EMBEDDED_MODELS = {s.embedded: s.name for s in registry.FAMILIES.values() if s.embedded}
 
 __all__ = ["BaseModel", "ModelLoadError", "load_base_model", "resolve_model_path",
            "text_embeddings"]
@@ -74,16 +75,10 @@ class BaseModel:
 
 def resolve_model_path(value: str) -> Path:
     """The path behind ``model.pretrained_model_name_or_path`` (building the embedded model)."""
-    if value in EMBEDDED_MODELS:
-        from trainer.models.tiny import ensure_tiny_model
-
+    if value in EMBEDDED_MODELS:  # the family's tiny twin, built once (its tiny role)
         family = EMBEDDED_MODELS[value]
         folder = data_home() / "embedded" / value.split(":", 1)[1]
-        if family in TINY_FLOW:
-            from trainer.models.tiny_flow import ensure_tiny_flow_model
-
-            return ensure_tiny_flow_model(folder, family=TINY_FLOW[family])
-        return ensure_tiny_model(folder, family=family)
+        return registry.role(family, "tiny").ensure(folder, family)
     if value.startswith("embedded:"):
         raise ModelLoadError(
             f"{FIELD} = {value!r}: unknown embedded model; the embedded models are "
@@ -114,7 +109,7 @@ def load_base_model(section: ModelSection, dtype: Any = None, t5_frozen: bool = 
         cached = _cache_folder(path, section) if section.cache_as_diffusers else None
         if cached is not None and (cached / CACHE_INFO).is_file():
             return _from_cache(cached, path, section)
-        from trainer.models.flow_loader import load_flow_file
+        from trainer.families.common.mmdit_folder import load_flow_file
 
         if _flow_file(path):  # no fp8 / NF4 at the load for the diffusers copy: as loaded
             model = BaseModel(**load_flow_file(path, section, dtype, t5_frozen,
@@ -133,16 +128,16 @@ def load_base_model(section: ModelSection, dtype: Any = None, t5_frozen: bool = 
 
 
 def _flow_file(path: Path) -> bool:
-    """Whether the file is FLUX.1 / SD 3.x (:func:`trainer.models.detect.detect_path`); for
+    """Whether the file is FLUX.1 / SD 3.x (:func:`trainer.families.detect_path`); for
     another, the UNet families' loader reports what it holds."""
-    from trainer.models.detect import family_or_none, is_flow
+    from trainer.families import family_or_none, is_flow
 
     return is_flow(family_or_none(path))
 
 
 def _folder_version(path: Path) -> str:
     """The family of a diffusers folder, from its JSON files (no weights read)."""
-    from trainer.models.detect import folder_family
+    from trainer.families import folder_family
 
     if not (path / "model_index.json").is_file():
         raise ModelLoadError(f"{FIELD} = {str(path)!r}: the folder has no model_index.json; "
@@ -191,7 +186,7 @@ def _load_folder(path: Path, sdxl: bool) -> dict[str, Any]:
 
 
 def _from_folder(path: Path, section: ModelSection) -> BaseModel:
-    from trainer.models.flow_loader import folder_flow_family, load_flow_folder
+    from trainer.families.common.mmdit_folder import folder_flow_family, load_flow_folder
 
     flow = folder_flow_family(path)
     if flow is not None:
@@ -347,12 +342,12 @@ def _cache_folder(path: Path, section: ModelSection) -> Path:
 def _save_cache(model: BaseModel, folder: Path) -> None:
     from diffusers import StableDiffusionPipeline, StableDiffusionXLPipeline
 
-    from trainer.models.flow_conditioning import flow_family
+    from trainer.families import family_of
 
     common = dict(unet=model.unet, vae=model.vae, text_encoder=model.text_encoder,
                   tokenizer=model.tokenizer, scheduler=model.noise_scheduler)
     if model.version in ("flux1", "sd3"):
-        pipe = flow_family(model.version).pipeline(model, model.unet, model.noise_scheduler)
+        pipe = family_of(model).pipeline(model, model.unet, model.noise_scheduler)
     elif model.version == "sdxl":
         pipe = StableDiffusionXLPipeline(**common, text_encoder_2=model.text_encoder_2,
                                          tokenizer_2=model.tokenizer_2, add_watermarker=False)

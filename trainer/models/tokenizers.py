@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from trainer.models.families import FAMILIES, Family, ModelLoadError, TextEncoderSlot
+from trainer.families.sd.detect import FAMILIES, Family, ModelLoadError, TextEncoderSlot
 
 CLIP_L = "openai/clip-vit-large-patch14"
 FILES = ("vocab.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json")

@@ -93,7 +93,7 @@ def fill_text_cache(s: Any, out: Any, eager: bool = False) -> None:
 def _text_identity(s: Any) -> str:
     """What the disk text cache's files are keyed by besides the caption."""
     from trainer.data.text_store import encoder_id
-    from trainer.models.conditioning import family_of
+    from trainer.families import family_of
 
     model = s.model
     encoders = [encoder for _, encoder, _ in family_of(model).text_encoders(model)]
@@ -105,7 +105,7 @@ def _text_identity(s: Any) -> str:
 def _release_text_encoders(s: Any, out: Any) -> None:
     """With every caption's outputs cached, the frozen text encoders are not needed on the
     device (T5-XXL alone is 9.5 GB in bf16); samples bring them back while they run."""
-    from trainer.models.conditioning import family_of
+    from trainer.families import family_of
 
     if s.device_info.backend == "cpu":
         return

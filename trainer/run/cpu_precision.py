@@ -148,7 +148,7 @@ def _inputs(model: Any, cfg: Any) -> tuple[Any, ...]:
 
 
 def _step(model: Any, denoiser: Any, cfg: Any, inputs: tuple[Any, ...], bf16: bool) -> None:
-    from trainer.models.conditioning import family_of
+    from trainer.families import family_of
 
     noisy, t, text, size_ids = inputs
     x = noisy.clone().requires_grad_(True)

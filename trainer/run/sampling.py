@@ -27,7 +27,7 @@ def _sd_scheduler_config(model: Any) -> dict[str, Any]:
 
 def inference_pipeline(model: Any, cfg: TrainConfig, unet: Optional[Any] = None):
     """A pipeline over ``model``'s modules (``unet`` replaces the model's, e.g. unwrapped)."""
-    from trainer.models.conditioning import family_of
+    from trainer.families import family_of
     from trainer.run.sample_prompts import make_scheduler
     from trainer.system.library_lock import library_imports
 
@@ -46,7 +46,7 @@ def inference_pipeline(model: Any, cfg: TrainConfig, unet: Optional[Any] = None)
 def make_samples(model: Any, cfg: TrainConfig, step: int, accelerator: Any) -> list[Path]:
     """One image per prompt into ``<output_dir>/sample/``, each with its own options
     (trainer/run/sample_prompts.py); returns their paths."""
-    from trainer.models.conditioning import family_of
+    from trainer.families import family_of
 
     family = family_of(model)
     parts = [model.vae] + [enc for _, enc, _ in family.text_encoders(model)]
@@ -78,7 +78,7 @@ def _call_args(model: Any, cfg: TrainConfig, pipe: Any, spec: Any, i: int) -> di
     """The pipeline's arguments for one prompt: its own options over the [sampling] section;
     an SD family's sampler is set on ``pipe`` (a prompt's --ss)."""
     from trainer.config.sections.resolution import base_size
-    from trainer.models.conditioning import family_of
+    from trainer.families import family_of
     from trainer.run.sample_prompts import make_scheduler, side
 
     sm, (width, height) = cfg.sampling, base_size(cfg.dataset.resolution)

@@ -87,7 +87,7 @@ def prepare(s: Session, out: Reporter) -> None:
     from trainer.data import prepare_dataset
     from trainer.methods import get_method
     from trainer.models.loader import load_base_model
-    from trainer.models.long_prompts import PromptOptions
+    from trainer.families.sd.long_prompts import PromptOptions
     from trainer.run.class_images import ensure_class_images
     from trainer.run.failures import check_output_dir
     from trainer.run.state import load_state, resolve_resume
@@ -218,7 +218,7 @@ def _accelerator(cfg: TrainConfig, info: Any, precision: str):
 
 def _networks(model: Any) -> list[Any]:
     """The UNet and the text encoder(s): what a method may train."""
-    from trainer.models.conditioning import family_of
+    from trainer.families import family_of
 
     return [model.unet] + [enc for _, enc, _ in family_of(model).text_encoders(model)
                            if not text_first.released(enc)]

@@ -8,7 +8,8 @@ from typing import Any
 import torch
 
 from trainer.config import TrainConfig
-from trainer.models.conditioning import TextConditioning, family_of
+from trainer.families import family_of
+from trainer.models.text_conditioning import TextConditioning
 from trainer.objectives.ddpm import DDPMObjective
 from trainer.objectives.losses import diffusion_loss
 from trainer.system.distributed import narrow, widen

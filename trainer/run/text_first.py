@@ -31,7 +31,7 @@ def encode_and_release(s: Any, out: Any) -> bool:
     """With the transformer not built yet: every caption encoded (each text encoder on the
     device for it), the frozen encoders released, then the transformer built. False (nothing
     done) when the loader built the transformer already."""
-    from trainer.models.conditioning import family_of
+    from trainer.families import family_of
     from trainer.run.caches import fill_text_cache
 
     model = s.model

@@ -84,7 +84,7 @@ def build_set(data: Any, model: Any, cfg: Any) -> ValidationSet:
 
 def _item_loss(item: ValidationItem, timesteps: torch.Tensor, model: Any, cfg: Any,
                device: Any, dtype: torch.dtype, chunk: int) -> float:
-    from trainer.models.conditioning import family_of
+    from trainer.families import family_of
     from trainer.objectives.losses import diffusion_loss
     from trainer.run.step import encode_captions, objective_for
 
@@ -105,7 +105,7 @@ def _item_loss(item: ValidationItem, timesteps: torch.Tensor, model: Any, cfg: A
 
 
 def _networks(model: Any) -> list[Any]:
-    from trainer.models.conditioning import family_of
+    from trainer.families import family_of
 
     return [model.unet] + [enc for _, enc, _ in family_of(model).text_encoders(model)]
 

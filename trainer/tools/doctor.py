@@ -14,7 +14,7 @@ mismatches people hit most, each as a sentence plus what to do:
 Last, per family, whether a single checkpoint file loads offline: its CLIP tokenizer in the
 Hugging Face cache, or the command that fetches it (:mod:`trainer.models.tokenizers`); for
 FLUX.1 and SD 3.x each of their tokenizers (CLIP-L, CLIP-G, T5's:
-:mod:`trainer.models.flow_tokenizers`).
+:mod:`trainer.families.common.mmdit_tokenizers`).
 
 Every look at the system goes through :class:`~trainer.system.probes.Probes`, so tests can
 simulate each machine.
@@ -242,7 +242,8 @@ def build_report(probes: Optional[Probes] = None, torch_module: Any = None) -> R
     info = detect(torch_module)
     matmul = run_matmul(info, torch_module)
     facts = gather_facts(probes or Probes())
-    from trainer.models import flow_tokenizers, tokenizers
+    from trainer.models import tokenizers
+    from trainer.families.common import mmdit_tokenizers as flow_tokenizers
 
     models = tokenizers.cache_report() + flow_tokenizers.cache_report()
     return Report(info, matmul, facts, tuple(diagnose(info, matmul, facts)), tuple(models))

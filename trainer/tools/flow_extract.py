@@ -5,12 +5,12 @@ FLUX.1's double and single blocks and CLIP-L / T5, SD 3.5's joint blocks and CLI
 each difference ``W_tuned - W_base`` truncated to the rank by its SVD
 (:mod:`trainer.tools.svd`), and the file is the one the trainer writes for the family:
 
-- FLUX.1: sd-scripts' kohya keys on BFL's layout (:mod:`trainer.export.flux_lora`), ``alpha =
+- FLUX.1: sd-scripts' kohya keys on BFL's layout (:mod:`trainer.families.flux.lora`), ``alpha =
   rank``. A fused layer (``img_attn.qkv``, ``txt_attn.qkv``, ``linear1``) is extracted part by
   part (diffusers' q, k, v, the MLP's input), each at the rank, and written block-diagonally
   (:mod:`trainer.tools.fused`) with ``alpha`` = parts x rank: what a trained file holds, which
   diffusers splits back exactly.
-- SD 3.5: the ``transformer.*`` / ``text_encoder(_2).*`` form (:mod:`trainer.export.sd3_lora`),
+- SD 3.5: the ``transformer.*`` / ``text_encoder(_2).*`` form (:mod:`trainer.families.sd3.lora`),
   the update wholly in ``lora_B @ lora_A``, no alpha.
 
 A text encoder whose weights changed by no more than ``min_diff`` is left out, as for the SD
@@ -144,7 +144,7 @@ def flow_lora_tensors(base: Any, tuned: Any, rank: int, min_diff: float,
 
 def flow_metadata(base: Any, opts: Any) -> dict[str, str]:
     """sd-scripts' ``ss_*`` of an extracted file with the family's version and architecture
-    (trainer/export/flow_lora.py adds them, and the hashes when it writes the file)."""
+    (trainer/families/common/mmdit_lora_file.py adds them, and the hashes when it writes the file)."""
     return {
         "ss_network_dim": str(opts.rank),
         "ss_network_alpha": str(float(opts.rank)),
@@ -157,7 +157,7 @@ def flow_metadata(base: Any, opts: Any) -> dict[str, str]:
 
 
 def save_flow_extract(base: Any, opts: Any, tensors: dict[str, torch.Tensor]) -> None:
-    from trainer.export.flow_lora import FlowLoraInfo, save_flow_lora
+    from trainer.families.common.mmdit_lora_file import FlowLoraInfo, save_flow_lora
 
     save_flow_lora(Path(opts.save_to).expanduser(), tensors,
                    FlowLoraInfo(base.version, base.variant), flow_metadata(base, opts))

@@ -1,8 +1,8 @@
 """The layers of a loaded FLUX.1 / SD 3.5 model under the names their LoRA files give them.
 
 The model is diffusers' (``FluxTransformer2DModel`` / ``SD3Transformer2DModel`` and the text
-encoders); the files name it as :mod:`trainer.export.flux_lora` and
-:mod:`trainer.export.sd3_lora` write and as the ecosystem writes:
+encoders); the files name it as :mod:`trainer.families.flux.lora` and
+:mod:`trainer.families.sd3.lora` write and as the ecosystem writes:
 
 - FLUX.1: sd-scripts' kohya names on Black Forest Labs' layout (``lora_unet_double_blocks_0_
   img_attn_qkv``), where a fused layer is several diffusers layers in row order (the target's
@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from trainer.export.flux_lora import flux_part_modules
+from trainer.families.flux.lora import flux_part_modules
 from trainer.export.names import kohya_module_name, unwrap
-from trainer.export.sd3_lora import SD3_PARTS, sd3_target_modules
+from trainer.families.sd3.lora import SD3_PARTS, sd3_target_modules
 from trainer.tools.targets import Target, encoder_targets, model_targets, table_of
 
 FLOW_FAMILIES = ("flux1", "sd3")
@@ -108,7 +108,7 @@ def lora_targets(model: Any) -> list[Target]:
     """The layers that the family's LoRA trains, named as its files name them: FLUX.1's BFL
     kohya names (double and single blocks) and CLIP-L / T5; SD 3.5's joint blocks' layers
     (``lora_transformer_<path>``: their ``transformer.*`` keys) and CLIP-L / CLIP-G; see
-    :mod:`trainer.export.flux_lora` and :mod:`trainer.export.sd3_lora`."""
+    :mod:`trainer.families.flux.lora` and :mod:`trainer.families.sd3.lora`."""
     from trainer.methods.lora import T5_TARGETS, TEXT_ENCODER_TARGETS
     from trainer.tools.targets import matches
 
@@ -121,7 +121,7 @@ def lora_targets(model: Any) -> list[Target]:
     for target, _ in text_targets(model):
         if target.part == "te3":
             if model.version == "flux1" and matches(target.path, T5_TARGETS):
-                out.append(target)  # SD 3.5 files hold no T5 (trainer/export/sd3_lora.py)
+                out.append(target)  # SD 3.5 files hold no T5 (trainer/families/sd3/lora.py)
         elif matches(target.path, TEXT_ENCODER_TARGETS):
             out.append(target)
     return out

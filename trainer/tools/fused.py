@@ -1,6 +1,6 @@
 """Fused modules of the flow families' LoRA files: one LoRA over layers that diffusers splits.
 
-FLUX.1's kohya files (Black Forest Labs' layout, :mod:`trainer.export.flux_lora`) and
+FLUX.1's kohya files (Black Forest Labs' layout, :mod:`trainer.families.flux.lora`) and
 sd-scripts' SD3 files name the original model's fused Linear layers: ``img_attn.qkv`` /
 ``txt_attn.qkv`` / SD3's ``attn.qkv`` (rows: q, k, v, equal) and FLUX.1's ``linear1`` (rows: q,
 k, v of the block's width, which is the layer's input width, then the MLP's input). A LoRA

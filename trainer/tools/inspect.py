@@ -36,7 +36,7 @@ KIND_NAMES = {"lora": "LoRA", "loha": "LoHa", "lokr": "LoKr", "full": "full weig
 METADATA_SHOWN = 2_000  # characters of each raw metadata value in the report (a file's tag
 # frequency can be megabytes); the facts and tags are read from the whole values
 SGM_BLOCKS = ("lora_unet_input_blocks_", "lora_unet_middle_block_", "lora_unet_output_blocks_")
-# FLUX.1: BFL names (trainer/export/flux_lora.py); SD 3.5: ours (transformer.*, read as
+# FLUX.1: BFL names (trainer/families/flux/lora.py); SD 3.5: ours (transformer.*, read as
 # lora_transformer_) and sd-scripts' (joint_blocks)
 FLOW_BLOCKS = {"flux1": ("lora_unet_double_blocks_", "lora_unet_single_blocks_"),
                "sd3": ("lora_transformer_transformer_blocks_", "lora_unet_joint_blocks_")}

@@ -22,7 +22,7 @@ A missing alpha means alpha = r (scale 1), as sd-scripts reads it. diffusers' pe
 (``unet.<path>.lora_A.weight`` / ``lora_B``, ``text_encoder.<path>...``) is read too, under the
 kohya names of the same modules, with scale 1; such a module keeps its key prefix
 (``peft_key``), so that a tool writes it back in the form it was read (SD 3.5's
-``transformer.*`` files: :mod:`trainer.export.sd3_lora`).
+``transformer.*`` files: :mod:`trainer.families.sd3.lora`).
 """
 
 from __future__ import annotations
@@ -216,7 +216,7 @@ def read_lora(path: str | Path) -> LoraFile:
     """A LoRA, LyCORIS or embedding file with its metadata."""
     from safetensors import safe_open
 
-    from trainer.models.file_checks import ModelFileError, read_safetensors_header
+    from trainer.families.common.files import ModelFileError, read_safetensors_header
 
     if Path(path).expanduser().exists() and str(path).lower().endswith(".safetensors"):
         try:  # a file from a stranger: its header checked against the file before reading

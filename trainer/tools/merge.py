@@ -11,9 +11,9 @@ FLUX.1 and SD 3.5 bases (a diffusers folder, or a single file the loader reads) 
 families' LoRA files: FLUX.1's kohya keys on BFL's layout, whose fused layers add their rows to
 diffusers' split ones, SD 3.5's ``transformer.*`` and sd-scripts' SD3 keys, diffusers' form of
 either (:mod:`trainer.tools.flow_targets`); they are saved as their pipeline folder and / or one
-file in the family's original layout (:mod:`trainer.export.flow_checkpoint`).
+file in the family's original layout (:mod:`trainer.families.common.mmdit_checkpoint`).
 
-The checkpoint is written in the original single-file layout (:mod:`trainer.export.checkpoint`)
+The checkpoint is written in the original single-file layout (:mod:`trainer.families.sd.checkpoint`)
 with ``modelspec.*`` metadata whose ``merged_from`` lists the base and the LoRAs (with their
 weights), as sd-scripts fills it.
 """
@@ -129,13 +129,13 @@ def merged_metadata(model: Any, base: str, loras: list[tuple[LoraFile, float]],
 def save_flow_merged(model: Any, opts: MergeOptions, metadata: dict[str, str],
                      text_merged: bool) -> list[str]:
     """A merged FLUX.1 / SD 3.5 model as one file in the original layout (BFL's, Stability's:
-    trainer/export/flow_checkpoint.py) and / or its diffusers pipeline folder. The file holds
+    trainer/families/common/mmdit_checkpoint.py) and / or its diffusers pipeline folder. The file holds
     what the model ships as (FLUX.1 the transformer, SD 3.5 the transformer and the VAE), and
     every component when a text encoder was merged, as DreamBooth writes it."""
-    from trainer.export.flow_checkpoint import save_flow_checkpoint
-    from trainer.export.pipeline_folder import save_flow_pipeline_folder
+    from trainer.families.common.mmdit_checkpoint import save_flow_checkpoint
+    from trainer.families.sd.pipeline_folder import save_flow_pipeline_folder
     from trainer.methods.dreambooth import FLOW_PARTS, flow_checkpoint_family
-    from trainer.models.conditioning import family_of
+    from trainer.families import family_of
 
     dtype, outputs = DTYPES[opts.precision], []
     encoders = {name: enc for name, enc, _ in family_of(model).text_encoders(model)}
@@ -155,8 +155,8 @@ def save_flow_merged(model: Any, opts: MergeOptions, metadata: dict[str, str],
 
 
 def save_merged(model: Any, opts: MergeOptions, metadata: dict[str, str]) -> list[str]:
-    from trainer.export.checkpoint import save_checkpoint
-    from trainer.export.pipeline_folder import save_pipeline_folder
+    from trainer.families.sd.checkpoint import save_checkpoint
+    from trainer.families.sd.pipeline_folder import save_pipeline_folder
 
     dtype, outputs = DTYPES[opts.precision], []
     if opts.save_to:

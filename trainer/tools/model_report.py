@@ -1,5 +1,5 @@
 """The doctor's lines on a base model path (``python -m trainer doctor --model PATH``): what the
-loader's detection reads in it (:func:`trainer.models.detect.detect_path`, headers only, no
+loader's detection reads in it (:func:`trainer.families.detect_path`, headers only, no
 torch), which parts a FLUX.1 / SD 3.x file holds and which settings name the others, and
 whether the family's tokenizers are in the Hugging Face cache."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 def model_lines(path: str) -> list[str]:
     """Plain-text lines in the doctor's layout."""
-    from trainer.models.detect import detect_path
-    from trainer.models.families import ModelLoadError
+    from trainer.families import detect_path
+    from trainer.families.spec import ModelLoadError
 
     head = f"  {'Model':<20}"
     if not Path(path).expanduser().exists():
@@ -29,7 +29,7 @@ def model_lines(path: str) -> list[str]:
 
 
 def _parts(info) -> list[str]:
-    from trainer.models.flow_families import FILES, REQUIRED, WHERE
+    from trainer.families.common.mmdit_detect import FILES, REQUIRED, WHERE
 
     inside = [p for p in REQUIRED[info.kind] if p in info.prefixes]
     missing = [p for p in REQUIRED[info.kind] if p not in info.prefixes]

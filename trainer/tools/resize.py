@@ -13,7 +13,7 @@ and resized with it.
 
 The flow families' files stay in their form. SD 3.5's ``transformer.*`` (peft) modules are
 written back under their keys with the scale folded into ``lora_B`` and no alpha
-(:mod:`trainer.export.sd3_lora`). FLUX.1's (and sd-scripts' SD3) fused layers written
+(:mod:`trainer.families.sd3.lora`). FLUX.1's (and sd-scripts' SD3) fused layers written
 block-diagonally (:mod:`trainer.tools.fused`: q, k, v and linear1's MLP part, each with its own
 rank) are resized part by part to the rank asked for and fused again, alpha = the file's
 ``alpha / r`` x the new total rank; a dense fused layer (sd-scripts' default) is one module.
@@ -84,7 +84,7 @@ def resize_module(module: LoraModule, rank: int, method: Optional[str], param: O
                                                                     ResizedModule]:
     """The module's new tensors (by suffix) with the given ``alpha``, and what was kept;
     ``alpha=None``: the factors carry the whole scale and no alpha is written (the peft form of
-    SD 3.5 files, :mod:`trainer.export.sd3_lora`)."""
+    SD 3.5 files, :mod:`trainer.families.sd3.lora`)."""
     u, s, vh = _factors(module)
     s = s[: module.rank]  # a resize never raises the rank (Tucker: the rest are zeros)
     k = svd.choose_rank(s, min(rank, module.rank), method, param)

@@ -58,7 +58,7 @@ def _layers(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module]]:
 
 def _sgm_names(unet: torch.nn.Module) -> Optional[Callable[[str], str]]:
     """diffusers path -> SGM path for this UNet, or None when it has no SGM layout."""
-    from trainer.export.checkpoint import original_module_path, unet_prefix_map
+    from trainer.families.sd.checkpoint import original_module_path, unet_prefix_map
 
     try:
         prefixes = unet_prefix_map(unwrap(unet).config)

@@ -1,6 +1,6 @@
 """[dataset] caption settings of sd-scripts that came with issue 21 (a module of their own so that
 dataset.py stays short): weighted captions, captions of 150 / 225 tokens, dropping every caption
-every N epochs, and unpadded text-encoder input. The encoding is trainer/models/long_prompts.py
+every N epochs, and unpadded text-encoder input. The encoding is trainer/families/sd/long_prompts.py
 and weighted_prompts.py; the dropout trainer/data/captions.py."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The tiny twins of the flow-matching families: FLUX.1 and SD 3.5, built offline.
 
-As :mod:`trainer.models.tiny` does for the UNet families, each builder seeds torch before each
+As :mod:`trainer.families.sd.tiny` does for the UNet families, each builder seeds torch before each
 module and makes every part from a config, so a family's folder is byte-identical on every run
 and loads with diffusers' own pipeline (``FluxPipeline``, ``StableDiffusion3Pipeline``). The
 features that tell the families apart are kept, the sizes are not:
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from trainer.models.tiny import _CORPUS, TINY_SEED, _tiny_text_encoder, build_tokenizer
+from trainer.families.sd.tiny import _CORPUS, TINY_SEED, _tiny_text_encoder, build_tokenizer
 
 LATENT_CHANNELS = 16
 FLUX_VAE = {"scaling_factor": 0.3611, "shift_factor": 0.1159}
@@ -153,7 +153,7 @@ def build_sd3_components(seed: int = TINY_SEED) -> dict:
 def save_tiny_flow_model(path: str | Path, seed: int = TINY_SEED, *,
                          family: str = "flux") -> Path:
     """Write the tiny FLUX.1 (``family="flux"``) or SD 3.5 (``"sd3"``) as a diffusers folder,
-    with ``embedded.json`` naming the builder, as :func:`trainer.models.tiny.save_tiny_model`."""
+    with ``embedded.json`` naming the builder, as :func:`trainer.families.sd.tiny.save_tiny_model`."""
     from diffusers import FluxPipeline, StableDiffusion3Pipeline
 
     if family not in TINY_FLOW_BUILDERS:

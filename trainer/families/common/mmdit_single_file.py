@@ -4,11 +4,11 @@ The result has the component names of diffusers' ``FluxPipeline`` / ``StableDiff
 (``transformer``, ``vae``, ``text_encoder``, ``text_encoder_2``, ``text_encoder_3``, the
 tokenizers, ``scheduler``), so a FLUX.1 file and a diffusers folder end in the same modules.
 
-- **Which file holds what**: :mod:`trainer.models.flow_families` reads the header. A part
+- **Which file holds what**: :mod:`trainer.families.common.mmdit_detect` reads the header. A part
   that the file lacks comes from its setting (``model.ae``, ``model.clip_l``, ``model.clip_g``,
   ``model.t5xxl``, sd-scripts' names); a setting also replaces a part that the file holds. A
   part in neither is one error that names every missing setting and the file to point it at.
-- **Each part** is built by :mod:`trainer.models.flow_parts` (diffusers' converters, the
+- **Each part** is built by :mod:`trainer.families.common.mmdit_parts` (diffusers' converters, the
   text encoders filled on the meta device).
 - **Configs**: ``config_dir`` (a folder of diffusers component configs, ``model.config_dir``)
   first, per component; else the family's shipped configs (``trainer/assets/families/``); a
@@ -20,7 +20,7 @@ tokenizers, ``scheduler``), so a FLUX.1 file and a diffusers folder end in the s
   of tensors at a time (T5 into fp8 with ``fp8_t5``); the file is never held twice. Other fp8
   (``float8_e4m3fn``) weights are upcast to ``dtype`` as they are read.
 - **No network**: configs are local files, tokenizers come from
-  :mod:`trainer.models.flow_tokenizers`.
+  :mod:`trainer.families.common.mmdit_tokenizers`.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from typing import Any, Optional
 
 import torch
 
-from trainer.models.families import ModelLoadError
-from trainer.models.flow_families import (
+from trainer.families.spec import ModelLoadError
+from trainer.families.common.mmdit_detect import (
     FILES,
     REQUIRED,
     VAE_PREFIXES,
@@ -44,7 +44,7 @@ from trainer.models.flow_families import (
     detect_flow,
     header_config,
 )
-from trainer.models.flow_parts import (
+from trainer.families.common.mmdit_parts import (
     COMPONENTS,
     Weights,
     build_text_encoder,
@@ -52,7 +52,7 @@ from trainer.models.flow_parts import (
     build_vae,
     text_prefix,
 )
-from trainer.models.flow_tokenizers import load_flow_tokenizers
+from trainer.families.common.mmdit_tokenizers import load_flow_tokenizers
 
 # --- configs ----------------------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ dtype, offsets that do not match the shape, overlap, leave holes or run past the
 (a cut-short download), metadata that is not text. :func:`check_base_model_file` adds what a
 base model must be: not empty, not a folder in a file's name, not a LoRA or an embedding (a
 ``.ckpt`` that needs more than tensors is refused by ``torch.load(weights_only=True)`` in
-:mod:`trainer.models.single_file`).
+:mod:`trainer.families.sd.load`).
 
 Each problem is one :class:`ModelFileError` whose message names the file and what is wrong.
 """
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainer.models.families import ModelLoadError
+from trainer.families.spec import ModelLoadError
 
 MAX_HEADER = 100 * 2**20  # the safetensors library's own limit
 DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1,

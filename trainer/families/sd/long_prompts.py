@@ -10,7 +10,7 @@ each window's 75 inner states, the last window's closing state (``n x 75 + 2`` s
 pooled embedding is the first window's. sd-scripts' SD 2.x fix-up of an empty window compares
 an id with the EOS *string* and never fires, so there is none here.
 
-With weighted captions (trainer/models/weighted_prompts.py) each inner state is multiplied by
+With weighted captions (trainer/families/sd/weighted_prompts.py) each inner state is multiplied by
 its token's weight (BOS, EOS and padding keep 1.0), as sd-scripts' ``encode_tokens_with_
 weights``. ``no_token_padding`` (sd-scripts' train_db.py, diffusers' DreamBooth) pads a batch
 only to its longest caption instead of to 77.
@@ -70,7 +70,7 @@ def token_windows(tokenizer: Any, captions: list[str], opts: PromptOptions
     length = (opts.max_token_length or WINDOW) + 2
     weights = None
     if opts.weighted:
-        from trainer.models.weighted_prompts import weighted_ids
+        from trainer.families.sd.weighted_prompts import weighted_ids
 
         rows = [weighted_ids(tokenizer, caption, length) for caption in captions]
         ids = torch.tensor([r[0] for r in rows])

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from trainer.models import tokenizers
-from trainer.models.families import CLIP_L_PAD, OPEN_CLIP_PAD
+from trainer.families.sd.detect import CLIP_L_PAD, OPEN_CLIP_PAD
 from trainer.models.tokenizers import CLIP_L, Found, TokenizerNotFound
 
 SCHNELL = "black-forest-labs/FLUX.1-schnell"

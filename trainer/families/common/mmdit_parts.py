@@ -1,5 +1,5 @@
 """Each part of a FLUX.1 / SD 3.x single file built from its tensors (the entry point, which
-file holds which part and the configs are trainer/models/flow_single_file.py).
+file holds which part and the configs are trainer/families/common/mmdit_single_file.py).
 
 - **The transformer** streams from the file tensor by tensor into its meta-built modules
   (trainer/models/streamed_load.py), in the compute dtype, or with fp8 storage
@@ -30,8 +30,8 @@ from typing import Any, Optional
 
 import torch
 
-from trainer.models.families import ModelLoadError
-from trainer.models.flow_families import (
+from trainer.families.spec import ModelLoadError
+from trainer.families.common.mmdit_detect import (
     FILES,
     TEXT_MARKERS,
     TEXT_PREFIXES,

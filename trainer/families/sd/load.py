@@ -1,7 +1,7 @@
 """Read a single checkpoint file in the original layout into diffusers/transformers modules.
 
 diffusers' own ``from_single_file`` does the key conversion; what this module adds is that it
-never needs the network (the configs come from :mod:`trainer.models.families`' data or
+never needs the network (the configs come from :mod:`trainer.families.sd.detect`' data or
 ``model.config_dir``) and that it reads the file the way users have it:
 
 - ``.safetensors``: the header alone answers detection (keys, shapes, dtypes, metadata).
@@ -36,7 +36,7 @@ from typing import Any, Optional
 
 import torch
 
-from trainer.models.families import (
+from trainer.families.sd.detect import (
     EMA_PREFIX,
     UNET_PREFIX,
     VAE_PREFIX,

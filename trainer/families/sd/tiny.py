@@ -272,3 +272,8 @@ def ensure_tiny_model(path: str | Path, seed: int = TINY_SEED, family: str = "sd
     if not (path / "model_index.json").is_file():
         save_tiny_model(path, seed, family=family)
     return path
+
+
+def ensure(folder: str | Path, name: str = "sd1") -> Path:
+    """The embedded twin of ``name`` (``sd1``, ``sd2``) in ``folder``, built once."""
+    return ensure_tiny_model(folder, family=name)

@@ -1,7 +1,7 @@
 """FLUX.1 and SD 3.5 single files: which family a file holds, what is inside, and its shapes.
 
 Detection reads the safetensors header only (key names, shapes, dtypes), never a weight, as
-:mod:`trainer.models.families` does for the UNet families. The layouts, checked against
+:mod:`trainer.families.sd.detect` does for the UNet families. The layouts, checked against
 diffusers 0.42.1 (``loaders/single_file_utils.py``: ``CHECKPOINT_KEY_NAMES``, ``infer_diffusers_
 model_type``, the FLUX/SD3 converters) and ComfyUI (``comfy/supported_models.py``: ``Flux``
 and ``SD3``'s ``vae_key_prefix`` / ``text_encoder_key_prefix``):
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from trainer.models.families import ASSETS, DetectionError
+from trainer.families.spec import ASSETS, DetectionError
 
 DIT_PREFIX = "model.diffusion_model."
 TEXT_PREFIXES = {"clip_l": "text_encoders.clip_l.transformer.",
@@ -252,7 +252,7 @@ def header_config(info: FlowFileInfo) -> dict[str, Any]:
 def detect_flow_file(path: str | Path) -> FlowFileInfo:
     """:func:`detect_flow` of a ``.safetensors`` file: its header only, read without torch (the
     advisor, the GUI and the doctor ask too), no weight is read."""
-    from trainer.models.file_checks import read_safetensors_header
+    from trainer.families.common.files import read_safetensors_header
 
     tensors = read_safetensors_header(path).tensors
     return detect_flow(tensors.keys(), lambda k: tuple(tensors[k]["shape"]),
@@ -261,6 +261,13 @@ def detect_flow_file(path: str | Path) -> FlowFileInfo:
 
 def is_flow_file(keys: Collection[str]) -> bool:
     """Whether the keys hold a FLUX.1 or SD 3.x transformer in the original layout (for the
-    loader's choice between this module and :mod:`trainer.models.families`)."""
+    loader's choice between this module and :mod:`trainer.families.sd.detect`)."""
     keys = set(keys)
     return any(p + m in keys for p in (DIT_PREFIX, "") for m in (FLUX_MARKER, SD3_MARKER))
+
+
+def holds_transformer(keys: Collection[str], marker: str) -> bool:
+    """Whether the keys hold the transformer whose first block has ``marker``, bare or under
+    ``model.diffusion_model.``."""
+    keys = set(keys)
+    return any(p + marker in keys for p in (DIT_PREFIX, ""))

@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-from trainer.models.families import ModelLoadError
+from trainer.families.spec import ModelLoadError
 
 FIELD = "model.pretrained_model_name_or_path"
 T5_LENGTHS = {"dev": 512, "schnell": 256}
@@ -28,7 +28,7 @@ SD3_T5_LENGTH = 256
 
 def folder_flow_family(path: Path) -> Optional[str]:
     """``flux1`` / ``sd3`` for a diffusers folder of those pipelines, else None."""
-    from trainer.models.detect import folder_family, is_flow
+    from trainer.families import folder_family, is_flow
 
     family = folder_family(path)
     return family if is_flow(family) else None
@@ -83,7 +83,7 @@ def load_flow_folder(path: Path, section: Any, family: str) -> dict[str, Any]:
 def load_flow_file(path: Path, section: Any, dtype: Any = None, t5_frozen: bool = False,
                    defer_denoiser: bool = False, store: bool = True) -> dict[str, Any]:
     """The BaseModel fields of a FLUX.1 / SD 3.x single file and the component files that
-    ``model.ae`` / ``clip_l`` / ``clip_g`` / ``t5xxl`` name (trainer/models/flow_single_file.py);
+    ``model.ae`` / ``clip_l`` / ``clip_g`` / ``t5xxl`` name (trainer/families/common/mmdit_single_file.py);
     built in ``dtype`` (the run's compute dtype: a 12B FLUX.1 in fp32 is 48 GB), but for the
     weights that fp8 storage keeps, which load into fp8: the transformer's with
     ``model.base_precision = "fp8"``, T5's with ``model.fp8_text_encoders`` when the run does
@@ -94,8 +94,8 @@ def load_flow_file(path: Path, section: Any, dtype: Any = None, t5_frozen: bool 
     fp8- or NF4-rounded ones; the memory options then apply after the load)."""
     import torch
 
-    from trainer.models.flow_families import detect_flow_file
-    from trainer.models.flow_single_file import load_flow_components
+    from trainer.families.common.mmdit_detect import detect_flow_file
+    from trainer.families.common.mmdit_single_file import load_flow_components
 
     info = detect_flow_file(path)
     if section.model_version not in ("auto", info.version):

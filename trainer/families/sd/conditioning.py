@@ -9,8 +9,9 @@ crop top and left, target height and width; Podell et al. 2023, "SDXL", section 
 diffusers' SDXL pipeline passes as ``added_cond_kwargs``. ``clip_skip`` counts from that
 penultimate layer, as diffusers' ``clip_skip`` does for SDXL.
 
-:func:`family_of` gives the family object of a loaded model; the step, the text cache, the
-samples and the methods ask it instead of branching on the version themselves.
+:func:`trainer.families.family_of` gives the family object of a loaded model; the step, the
+text cache, the samples and the methods ask it instead of branching on the version themselves.
+SDXL's object (``trainer/families/sdxl/conditioning.py``) extends this one.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class SD1Family:
 
         encoder = model.text_encoder
         if not _plain(model):  # 150 / 225 tokens, weighted or unpadded captions
-            from trainer.models.long_prompts import encode_long
+            from trainer.families.sd.long_prompts import encode_long
 
             hidden, _ = encode_long(model.tokenizer, captions, model.prompt_options, lambda ids: (
                 text_embeddings(encoder, ids.to(encoder.device), clip_skip), None))
@@ -80,61 +81,6 @@ class SD1Family:
             requires_safety_checker=False)
 
 
-class SDXLFamily(SD1Family):
-    """SDXL: two text encoders, pooled text embeddings and size conditioning."""
-
-    name = "sdxl"
-
-    def text_encoders(self, model: Any) -> list[tuple[str, Any, Any]]:
-        return [("text_encoder", model.text_encoder, model.tokenizer),
-                ("text_encoder_2", model.text_encoder_2, model.tokenizer_2)]
-
-    def pipeline(self, model: Any, denoiser: Any, scheduler: Any) -> Any:
-        import diffusers
-
-        return diffusers.StableDiffusionXLPipeline(
-            vae=model.vae, text_encoder=model.text_encoder, tokenizer=model.tokenizer,
-            unet=denoiser, scheduler=scheduler, text_encoder_2=model.text_encoder_2,
-            tokenizer_2=model.tokenizer_2)
-
-    def encode(self, model: Any, captions: list[str], clip_skip: int) -> TextConditioning:
-        from trainer.models.long_prompts import encode_long
-
-        hidden, pooled = [], None
-        for _, encoder, tokenizer in self.text_encoders(model):
-            def run(ids: torch.Tensor, encoder: Any = encoder) -> tuple[Any, Any]:
-                out = encoder(ids.to(encoder.device), output_hidden_states=True)
-                # the projected pooled output (text_embeds): the last encoder's is used
-                return out.hidden_states[-(clip_skip + 1)], out[0]
-
-            if _plain(model):
-                states, pooled = run(_ids(tokenizer, captions, encoder.device))
-            else:  # 150 / 225 tokens, weighted or unpadded captions (long_prompts.py)
-                states, pooled = encode_long(tokenizer, captions, model.prompt_options, run)
-            hidden.append(states)
-        return TextConditioning(torch.cat(hidden, dim=-1), pooled)
-
-    def added_conditioning(self, text: TextConditioning, size_ids: Optional[torch.Tensor]
-                           ) -> Optional[dict[str, torch.Tensor]]:
-        if size_ids is None or text.pooled is None:
-            raise ValueError("SDXL needs the pooled text embedding and the size ids")
-        return {"text_embeds": text.pooled,
-                "time_ids": size_ids.to(text.pooled.device, text.pooled.dtype)}
-
-
-def family_of(model: Any) -> Any:
-    """The family object of a loaded model (``model.version``)."""
-    if model.version in ("flux1", "sd3"):
-        from trainer.models.flow_conditioning import flow_family
-
-        return flow_family(model.version)
-    return SDXLFamily() if model.version == "sdxl" else SD1Family()
-
-
-def size_ids(original: tuple[int, int], crop_left_top: tuple[int, int],
-             target: tuple[int, int]) -> list[int]:
-    """SDXL's six size numbers from (width, height) pairs, in the order the UNet reads them:
-    original height, width, crop top, left, target height, width (diffusers'
-    ``_get_add_time_ids``: ``original_size + crops_coords_top_left + target_size``)."""
-    (ow, oh), (left, top), (tw, th) = original, crop_left_top, target
-    return [oh, ow, top, left, th, tw]
+def family(name: str = "sd1") -> SD1Family:
+    """SD 1.x and 2.x share one family object (their differences are the loaded encoder's)."""
+    return SD1Family()

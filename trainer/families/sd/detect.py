@@ -32,21 +32,14 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets" / "families"
+from trainer.families.spec import ASSETS, DetectionError, Found, ModelLoadError  # noqa: F401
+
 UNET_PREFIX = "model.diffusion_model."
 VAE_PREFIX = "first_stage_model."
 EMA_PREFIX = "model_ema."
 SD2_512_BASE_STEP = 875000
-
-
-class ModelLoadError(ValueError):
-    """A base model that cannot be loaded; the message names the setting and the file."""
-
-
-class DetectionError(ModelLoadError):
-    """The file is not a checkpoint of a family the studio loads; the message says what it is."""
 
 
 @dataclass(frozen=True)
@@ -169,8 +162,9 @@ def check_builtin_shape(found: Detected) -> None:
 def check_requested(found: Detected, requested: str) -> None:
     """``model.model_version`` set to a family other than the file's is an error."""
     if requested not in ("auto", found.family.name):
-        wanted = FAMILIES[requested].label if requested in FAMILIES else {
-            "flux1": "FLUX.1", "sd3": "SD 3.5"}.get(requested, requested)
+        from trainer.families import FAMILIES as ALL
+
+        wanted = ALL[requested].label if requested in ALL else requested
         slot = found.family.encoders[-1]
         raise DetectionError(f"model.model_version = {requested!r} ({wanted}), but the file is "
                              f"{found.family.label} (text encoder at {slot.prefix}*); set "
@@ -232,3 +226,35 @@ def native_resolution(unet_config: Mapping, vae_config: Mapping) -> Optional[int
     if not isinstance(size, int) or not blocks:
         return None
     return size * 2 ** (len(blocks) - 1)
+
+
+def from_folder(folder: Path, index: dict[str, Any]) -> Optional[str]:
+    """SD 1.x, 2.x or SDXL from a diffusers folder's ``model_index.json``; SD 1.x and 2.x share
+    the pipeline, SD 2's OpenCLIP text encoder is 1024 wide with GELU."""
+    import json
+
+    cls = str(index.get("_class_name"))
+    if cls == "StableDiffusionXLPipeline":
+        return "sdxl"
+    if cls != "StableDiffusionPipeline" and "unet" not in index:
+        return None
+    if cls != "StableDiffusionPipeline" and "text_encoder_2" in index:
+        return "sdxl"  # another SD pipeline class of the same parts
+    try:
+        encoder = json.loads((folder / "text_encoder" / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        encoder = {}
+    if isinstance(encoder, dict) and (encoder.get("hidden_size") == 1024
+                                      or encoder.get("hidden_act") == "gelu"):
+        return "sd2"
+    return "sd1"
+
+
+def from_header(tensors: Mapping[str, Any]) -> Found:
+    """SD 1.x, 2.x or SDXL from a single file's header; the last detection the registry tries,
+    so it names what a file is when it is no family's (``DetectionError``)."""
+    try:
+        found = detect(set(tensors), lambda k: tuple(tensors[k]["shape"]))
+    except (KeyError, TypeError, IndexError) as exc:
+        raise DetectionError(f"its header is not a checkpoint's ({exc})") from None
+    return Found(found.family.name, "single file", found.family.label, header=found)

@@ -11,7 +11,7 @@ _get_weighted_input_ids``) takes AUTOMATIC1111's attention syntax:
 Each piece is tokenized on its own (without BOS/EOS), every token gets its piece's weight, and the
 row is cut to the length, then wrapped in BOS ... EOS and padded (weights 1.0 outside the text).
 The text encoder's hidden state of each token is then multiplied by its weight
-(trainer/models/long_prompts.py), without sd-scripts' older mean-restoring rescale, as its
+(trainer/families/sd/long_prompts.py), without sd-scripts' older mean-restoring rescale, as its
 current strategy code does.
 """
 

@@ -1,7 +1,7 @@
 """The metadata and the file of a FLUX.1 or SD 3.5 LoRA, as sd-scripts writes them.
 
-The tensors come from :func:`trainer.export.flux_lora.flux_kohya_state_dict` (FLUX.1, kohya
-keys on the BFL layout) or :func:`trainer.export.sd3_lora.sd3_state_dict` (SD 3.5,
+The tensors come from :func:`trainer.families.flux.lora.flux_kohya_state_dict` (FLUX.1, kohya
+keys on the BFL layout) or :func:`trainer.families.sd3.lora.sd3_state_dict` (SD 3.5,
 ``transformer.*``). The metadata is the run's ``ss_*`` / ``modelspec.*`` (from
 :func:`trainer.export.metadata.build_lora_metadata`, written for the UNet families) with what
 differs for the flow families set here, checked in kohya-ss/sd-scripts at 48d368fa:

@@ -80,7 +80,7 @@ def save_flow_pipeline_folder(path: str | Path, model: Any, transformer: Any,
     """Write a FLUX.1 / SD 3.5 ``model`` as its ``FluxPipeline`` / ``StableDiffusion3Pipeline``
     folder, with ``transformer`` and the text encoders of ``encoders`` (name -> unwrapped
     module; the model's own for the others) at ``dtype``; the scheduler as loaded."""
-    from trainer.models.conditioning import family_of
+    from trainer.families import family_of
 
     family = family_of(model)
     names = [name for name, _, _ in family.text_encoders(model)]

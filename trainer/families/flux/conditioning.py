@@ -1,0 +1,77 @@
+"""FLUX.1's conditioning (Black Forest Labs 2024; diffusers' ``FluxPipeline``): CLIP-L's pooled
+output and T5-XXL's last hidden states (``model.t5_max_length`` tokens: 512 for dev, 256 for
+schnell). The transformer reads the latents packed into 2x2 patches (one token of 4 x 16
+channels each) with their row and column as ``img_ids``, zeros as ``txt_ids``, the sigma itself
+as its timestep, and, for the guidance-distilled dev, the guidance value
+(``flow.guidance_scale``). It reads ``(latents - shift_factor) * scaling_factor`` from its
+16-channel VAE (:func:`trainer.run.step.encode_images` applies the VAE config's shift).
+
+The family object has the methods of :class:`trainer.families.sd.conditioning.SD1Family`, so
+the step, the text cache, the validation loss and the samples ask it instead of branching.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from trainer.families.common.t5 import CLIP_LENGTH, t5_hidden, tokens
+from trainer.models.text_conditioning import TextConditioning
+
+
+class FluxFamily:
+    """FLUX.1 dev and schnell: CLIP-L pooled + T5-XXL, packed latents, guidance for dev."""
+
+    name = "flux1"
+    objective = "flow"
+
+    def text_encoders(self, model: Any) -> list[tuple[str, Any, Any]]:
+        return [("text_encoder", model.text_encoder, model.tokenizer),
+                ("text_encoder_2", model.text_encoder_2, model.tokenizer_2)]
+
+    def t5_slot(self) -> str:
+        return "text_encoder_2"
+
+    def encode(self, model: Any, captions: list[str], clip_skip: int) -> TextConditioning:
+        clip = model.text_encoder
+        ids = tokens(model.tokenizer, captions, CLIP_LENGTH, clip.device)
+        pooled = clip(ids, output_hidden_states=False).pooler_output
+        hidden = t5_hidden(model, model.text_encoder_2, model.tokenizer_2, captions)
+        return TextConditioning(hidden, pooled)
+
+    def predict(self, model: Any, noisy: torch.Tensor, t: torch.Tensor,
+                text: TextConditioning, size_ids: Optional[torch.Tensor], cfg: Any,
+                denoiser: Any = None) -> torch.Tensor:
+        """The transformer's output for ``noisy`` [B, C, h, w] at sigmas ``t`` [B], unpacked
+        back to the latents' shape."""
+        from diffusers import FluxPipeline
+
+        transformer = denoiser if denoiser is not None else model.unet
+        b, c, h, w = noisy.shape
+        packed = FluxPipeline._pack_latents(noisy, b, c, h, w)
+        img_ids = FluxPipeline._prepare_latent_image_ids(b, h // 2, w // 2, noisy.device,
+                                                         noisy.dtype)
+        txt_ids = torch.zeros(text.hidden.shape[1], 3, device=noisy.device, dtype=noisy.dtype)
+        guidance = None
+        if transformer.config.guidance_embeds:
+            guidance = torch.full((b,), float(cfg.flow.guidance_scale), device=noisy.device,
+                                  dtype=noisy.dtype)
+        out = transformer(hidden_states=packed, timestep=t.to(noisy.dtype), guidance=guidance,
+                          pooled_projections=text.pooled, encoder_hidden_states=text.hidden,
+                          txt_ids=txt_ids, img_ids=img_ids, return_dict=False)[0]
+        return FluxPipeline._unpack_latents(out, h, w, 1)
+
+    def pipeline(self, model: Any, denoiser: Any, scheduler: Any) -> Any:
+        from diffusers import FluxPipeline
+
+        return FluxPipeline(scheduler=scheduler, vae=model.vae, text_encoder=model.text_encoder,
+                            tokenizer=model.tokenizer, text_encoder_2=model.text_encoder_2,
+                            tokenizer_2=model.tokenizer_2, transformer=denoiser)
+
+    def added_conditioning(self, text: TextConditioning, size_ids: Optional[torch.Tensor]):
+        return None
+
+
+def family(name: str = "flux1") -> FluxFamily:
+    return FluxFamily()

@@ -1,0 +1,24 @@
+"""FLUX.1 from a diffusers folder (``FluxPipeline``) or a single file's header: the
+transformer in Black Forest Labs' layout (``double_blocks.*``), bare or under
+``model.diffusion_model.``, alone or with its parts (:mod:`trainer.families.common.mmdit_detect`
+reads both MMDiT layouts). Torch-free."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+from trainer.families.common.mmdit_detect import FLUX_MARKER, detect_flow, holds_transformer
+from trainer.families.spec import Found
+
+
+def from_folder(folder: Path, index: dict[str, Any]) -> Optional[str]:
+    return "flux1" if index.get("_class_name") == "FluxPipeline" else None
+
+
+def from_header(tensors: Mapping[str, Any]) -> Optional[Found]:
+    if not holds_transformer(tensors.keys(), FLUX_MARKER):
+        return None
+    info = detect_flow(tensors.keys(), lambda k: tuple(tensors[k]["shape"]),
+                       lambda k: tensors[k]["dtype"])
+    return Found(info.version, "single file", info.description, header=info)

@@ -1,0 +1,109 @@
+"""What a model family is, without torch: the names people and settings use, the objective, the
+text encoders, the embedded twin and the variants. Each family folder declares its
+:class:`FamilySpec` in its ``__init__.py``; the registry (:mod:`trainer.families`) lists them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Optional
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets" / "families"
+Objective = Literal["ddpm", "flow"]
+
+
+class ModelLoadError(ValueError):
+    """A base model that cannot be loaded; the message names the setting and the file."""
+
+
+class DetectionError(ModelLoadError):
+    """The file is not a checkpoint of a family the studio loads; the message says what it is."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One release of a family: ``name`` as sd-scripts' metadata names it (``dev``,
+    ``5-large``), its label, its shipped configs (a folder of ``trainer/assets/families``) and
+    its T5 length where it has T5."""
+
+    name: str
+    label: str
+    asset: str
+    t5_length: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """A family as the config, the GUI and the registry see it.
+
+    ``name`` is the value of ``model.model_version``; ``label`` what people read. ``folder`` is
+    the package under ``trainer/families`` that holds its roles (SD 1.x and 2.x share ``sd``).
+    ``denoiser`` is ``"unet"`` or ``"transformer"``; ``objective`` ``"ddpm"`` or ``"flow"``.
+    ``text_encoders`` names the slots (``clip_l``, ``open_clip``, ``clip_g``, ``t5xxl``) in the
+    order of the model's ``text_encoder``, ``text_encoder_2``, ...; ``part_settings`` the
+    settings that name a part a single file may lack. ``pipelines`` are the diffusers pipeline
+    classes whose folders hold it; ``embedded`` the id of its tiny twin; ``kohya_version`` the
+    ``ss_base_model_version`` sd-scripts writes for it."""
+
+    name: str
+    label: str
+    folder: str
+    denoiser: Literal["unet", "transformer"]
+    objective: Objective
+    text_encoders: tuple[str, ...]
+    embedded: Optional[str] = None
+    pipelines: tuple[str, ...] = ()
+    variants: tuple[Variant, ...] = ()
+    part_settings: dict[str, str] = field(default_factory=dict)
+    kohya_version: str = ""
+    textual_inversion: bool = True
+    lycoris: bool = True
+
+    @property
+    def has_t5(self) -> bool:
+        return "t5xxl" in self.text_encoders
+
+    def variant(self, name: str) -> Variant:
+        for v in self.variants:
+            if name in (v.name, v.asset):
+                return v
+        known = ", ".join(v.name for v in self.variants)
+        raise KeyError(f"{self.label} has no variant {name!r} (known: {known})")
+
+    def assets(self, variant: Optional[str] = None) -> Path:
+        """The shipped component configs of a variant (the first when unnamed)."""
+        chosen = self.variant(variant) if variant else self.variants[0]
+        return ASSETS / chosen.asset
+
+
+@dataclass(frozen=True)
+class Found:
+    """What a base model path holds: ``family`` is a value of ``model.model_version``;
+    ``header`` the detecting family's facts of a single file (its own record: the parts inside,
+    the variant, shapes), for its loader."""
+
+    family: str
+    layout: str  # "diffusers folder" or "single file"
+    description: str
+    header: object = None
+
+    @property
+    def flow(self) -> object:
+        """The header facts of a transformer family's file (None for a UNet family's)."""
+        return self.header if self.objective == "flow" else None
+
+    @property
+    def unet(self) -> object:
+        """The header facts of a UNet family's file (None for a transformer family's)."""
+        return self.header if self.objective == "ddpm" else None
+
+    @property
+    def objective(self) -> str:
+        from trainer.families import spec
+
+        return spec(self.family).objective
+
+    @property
+    def is_flow(self) -> bool:
+        return self.objective == "flow"
