@@ -1,5 +1,5 @@
 """The "Load kohya_ss config" control of each mode tab: a kohya_ss GUI JSON file (or one of its
-presets) fills the form through trainer.importers.kohya_ss, and the import report (what was
+presets) fills the form through trainer.importers.kohya, and the import report (what was
 imported, what is not supported and why) is shown under the file row."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import gradio as gr
 from kohya_gui.fields import Form
 from kohya_gui.safe_text import md, md_lines
 from trainer.config import files as config_io
-from trainer.importers.kohya_ss import detect_mode, import_kohya, read_json
+from trainer.importers.kohya import detect_mode, import_kohya, read_json
 
 TAB_TITLES = {"lora": "LoRA", "dreambooth": "DreamBooth", "textual_inversion": "Textual Inversion"}
 

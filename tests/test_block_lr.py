@@ -131,7 +131,7 @@ def test_block_lr_is_refused_where_sd_scripts_does_not_read_it(tmp_path):
 
 
 def test_import_kohya_reads_block_lr_as_sdxl_train_does():
-    from trainer.importers.kohya_ss import import_kohya
+    from trainer.importers.kohya import import_kohya
 
     text = ",".join(f"{r:g}" for r in RATES)
     cfg, report = import_kohya({"image_folder": "/img", "sdxl_checkbox": True,

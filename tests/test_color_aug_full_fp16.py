@@ -20,7 +20,7 @@ from train_helpers import one_image_dataset, small_config
 from trainer.config.files import ConfigError, from_dict
 from trainer.data import color_aug
 from trainer.data.dataset import prepare_dataset
-from trainer.importers.kohya_ss import import_kohya
+from trainer.importers.kohya import import_kohya
 from trainer.run import full_fp16
 from trainer.run.loop import run
 from trainer.system.device import PrecisionError

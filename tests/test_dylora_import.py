@@ -2,7 +2,7 @@
 
 import pytest
 
-from trainer.importers.kohya_ss import import_kohya
+from trainer.importers.kohya import import_kohya
 
 # what kohya_ss writes for each DyLoRA type (lora_gui.py's defaults, as users save them)
 KOHYA_DYLORA = {"LoRA_type": "Kohya DyLoRA", "network_dim": 16, "network_alpha": 8,

@@ -13,7 +13,7 @@ from gui_helpers import fake_run, gui_home  # noqa: F401
 from kohya_gui.kohya_import import load_kohya_config
 from kohya_gui.runner import Runner
 from kohya_gui.tabs import dreambooth, lora, textual_inversion
-from trainer.importers.kohya_ss import import_kohya_file
+from trainer.importers.kohya import import_kohya_file
 
 TABS = {m.MODE: m for m in (lora, dreambooth, textual_inversion)}
 LORA_PRESET = {"LoRA_type": "LyCORIS/LoHa", "network_dim": "16", "network_alpha": 8,

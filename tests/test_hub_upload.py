@@ -220,7 +220,7 @@ def test_paths_and_the_resume_form_of_sd_scripts():
 
 def test_import_kohya_maps_the_hub_keys_and_keeps_the_token_out(tmp_path):
     from trainer.config import files as config_io
-    from trainer.importers.kohya_ss import import_kohya
+    from trainer.importers.kohya import import_kohya
 
     cfg, report = import_kohya({
         "LoRA_type": "Standard", "save_state": True, "huggingface_repo_id": "me/lora",
@@ -288,7 +288,7 @@ def test_resume_from_huggingface_is_refused_without_a_hub_state_to_resume(tmp_pa
 
 
 def test_import_kohya_reads_resume_from_huggingface_only_with_resume():
-    from trainer.importers.kohya_ss import import_kohya
+    from trainer.importers.kohya import import_kohya
 
     cfg, report = import_kohya({"LoRA_type": "Standard", "resume_from_huggingface": True,
                                 "resume": ""})

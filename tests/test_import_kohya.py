@@ -19,7 +19,7 @@ from trainer.cli import main
 from trainer.config import EMBEDDED_MODEL
 from trainer.config import files as config_io
 from trainer.config.files import ConfigError
-from trainer.importers.kohya_ss import import_kohya, import_kohya_file
+from trainer.importers.kohya import import_kohya, import_kohya_file
 from trainer.run.loop import run
 
 DATA = Path(__file__).parent / "data" / "kohya_ss"

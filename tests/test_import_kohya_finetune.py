@@ -19,7 +19,7 @@ from trainer.config import EMBEDDED_MODEL
 from trainer.config import files as config_io
 from trainer.data import DatasetError, prepare_dataset
 from trainer.events import ListSink, Started
-from trainer.importers.kohya_ss import import_kohya
+from trainer.importers.kohya import import_kohya
 from trainer.run.loop import run
 
 DATA = Path(__file__).parent / "data" / "kohya_ss"

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from trainer.config.files import ConfigError
-from trainer.importers.kohya_memory import flux_units
-from trainer.importers.kohya_ss import import_kohya
+from trainer.importers.kohya.memory import flux_units
+from trainer.importers.kohya import import_kohya
 
 DATA = Path(__file__).parent / "data" / "kohya_ss"
 FLOW = json.loads((DATA / "flow_presets.json").read_text())["presets"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.importers.kohya_ss import import_kohya
+from trainer.importers.kohya import import_kohya
 
 DATA = Path(__file__).parent / "data" / "kohya_ss"
 LORA = json.loads((DATA / "lora_presets.json").read_text())["presets"]

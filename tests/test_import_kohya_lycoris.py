@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.importers.kohya_ss import import_kohya
+from trainer.importers.kohya import import_kohya
 
 # what kohya_ss' LoRA tab saves whatever the type (its defaults, as in its saved JSON files)
 SAVED = {"network_dim": 8, "network_alpha": 4, "conv_dim": 4, "conv_alpha": 1,

@@ -1,4 +1,4 @@
-"""import-kohya's memory options (trainer/importers/kohya_memory.py): fp8_base / fp8_base_unet ->
+"""import-kohya's memory options (trainer/importers/kohya/memory.py): fp8_base / fp8_base_unet ->
 model.base_precision = "fp8" (and model.fp8_text_encoders for FLUX.1 / SD3 without
 fp8_base_unet), blocks_to_swap -> training.blocks_to_swap, as sd-scripts reads them; what its
 DreamBooth and textual-inversion trainers do not read is "not needed", and a full fine-tune's
@@ -19,8 +19,8 @@ from trainer.config import EMBEDDED_MODEL
 from trainer.config import files as config_io
 from trainer.config.paths import PROJECT_ROOT
 from trainer.events import ListSink, Log
-from trainer.importers.kohya_memory import flux_units
-from trainer.importers.kohya_ss import import_kohya
+from trainer.importers.kohya.memory import flux_units
+from trainer.importers.kohya import import_kohya
 from trainer.models.block_swap import swap_units
 from trainer.run.loop import run
 

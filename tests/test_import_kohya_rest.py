@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer.importers.kohya_memory import flux_units
-from trainer.importers.kohya_ss import import_kohya
+from trainer.importers.kohya.memory import flux_units
+from trainer.importers.kohya import import_kohya
 
 DATA = Path(__file__).parent / "data" / "kohya_ss"
 CONFIGS = json.loads((DATA / "issue21_rest.json").read_text())["configs"]

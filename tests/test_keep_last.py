@@ -139,7 +139,7 @@ def test_a_run_keeps_the_last_saves_and_deletes_only_after_the_newer_one(tmp_pat
 
 
 def test_kohya_ss_keys_import_as_sd_scripts_reads_them():
-    from trainer.importers.kohya_ss import import_kohya
+    from trainer.importers.kohya import import_kohya
 
     base = {"LoRA_type": "Standard", "save_every_n_steps": 50, "save_every_n_epochs": 1,
             "save_state": True}

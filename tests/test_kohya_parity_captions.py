@@ -13,7 +13,7 @@ from train_helpers import one_image_dataset, small_config
 
 from trainer.config import TrainConfig
 from trainer.data.captions import CaptionOptions, apply_caption
-from trainer.importers.kohya_ss import import_kohya
+from trainer.importers.kohya import import_kohya
 from trainer.families import family_of
 from trainer.models.loader import load_base_model
 from trainer.families.sd.long_prompts import PromptOptions, token_windows

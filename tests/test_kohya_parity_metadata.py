@@ -9,7 +9,7 @@ import json
 from safetensors import safe_open
 from train_helpers import one_image_dataset, small_config
 
-from trainer.importers.kohya_ss import import_kohya
+from trainer.importers.kohya import import_kohya
 from trainer.run.loop import run
 
 

@@ -8,7 +8,7 @@ import torch
 from train_helpers import one_image_dataset, small_config
 
 from trainer.config import TrainConfig
-from trainer.importers.kohya_ss import import_kohya
+from trainer.importers.kohya import import_kohya
 from trainer.objectives.ddpm import DDPMObjective
 from trainer.run.loop import run
 

@@ -13,7 +13,7 @@ import torch
 from train_helpers import one_image_dataset, small_config
 
 from trainer.config import TrainConfig
-from trainer.importers.kohya_ss import import_kohya
+from trainer.importers.kohya import import_kohya
 from trainer.optim.optimizers import make_optimizer, make_scheduler
 from trainer.optim.torch_schedulers import TORCH_SCHEDULERS
 from trainer.run.loop import run

@@ -166,7 +166,7 @@ def test_loraplus_two_steps_train(tmp_path):
 
 
 def test_kohya_ss_network_keys_import_with_nothing_unsupported(tmp_path):
-    from trainer.importers.kohya_ss import import_kohya
+    from trainer.importers.kohya import import_kohya
 
     weights = tmp_path / "prev.safetensors"
     cfg, report = import_kohya({

@@ -15,7 +15,7 @@ from train_helpers import one_image_dataset, small_config
 from trainer.config.files import ConfigError, from_dict
 from trainer.config.sections.resolution import area_side, base_size, scaled
 from trainer.data.dataset import prepare_dataset
-from trainer.importers.kohya_ss import import_kohya
+from trainer.importers.kohya import import_kohya
 from trainer.run.loop import run
 
 

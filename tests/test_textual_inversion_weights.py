@@ -114,7 +114,7 @@ def test_two_steps_continue_from_the_file_of_an_earlier_run(tmp_path,
 
 
 def test_import_kohya_reads_the_ti_tabs_weights():
-    from trainer.importers.kohya_ss import import_kohya
+    from trainer.importers.kohya import import_kohya
 
     cfg, report = import_kohya({"token_string": "<cat>", "init_word": "cat",
                                 "num_vectors_per_token": 2, "weights": "/emb/cat.pt"})

@@ -8,7 +8,7 @@ import pytest
 from train_helpers import one_image_dataset, small_config
 
 from trainer.config.files import from_dict
-from trainer.importers.kohya_ss import import_kohya
+from trainer.importers.kohya import import_kohya
 from trainer.run import trackers
 from trainer.run.loop import run
 

@@ -147,7 +147,7 @@ def build_parser(command: Optional[str] = None) -> argparse.ArgumentParser:
     from trainer.advisor.report import add_advise_command
 
     add_advise_command(sub)
-    from trainer.importers.kohya_cli import add_import_command
+    from trainer.importers.kohya.cli import add_import_command
 
     add_import_command(sub)
     return parser

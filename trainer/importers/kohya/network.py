@@ -14,12 +14,12 @@ from pydantic import ValidationError
 
 from trainer.config import SECTIONS, OptimizerSection
 from trainer.config.rules import NETWORK_OPTIONS
-from trainer.importers import kohya_convert as c
-from trainer.importers.kohya_dylora import DYLORA_TYPES, dylora_network
-from trainer.importers.kohya_extra_table import optimizer_target
-from trainer.importers.kohya_lycoris import lycoris_preset, text_encoder_off, unused_conv_keys
-from trainer.importers.kohya_report import Ctx
-from trainer.importers.kohya_table import Rule
+from trainer.importers.kohya import convert as c
+from trainer.importers.kohya.dylora import DYLORA_TYPES, dylora_network
+from trainer.importers.kohya.table import optimizer_target
+from trainer.importers.kohya.lycoris import lycoris_preset, text_encoder_off, unused_conv_keys
+from trainer.importers.kohya.report import Ctx
+from trainer.importers.kohya.table import Rule
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ _PRESET = ("LyCORIS_preset",)  # kohya_ss passes preset= for every lycoris.kohya
 _LYCO = _DROP + ("train_norm", "use_tucker", "use_scalar", "dora_wd", "bypass_mode") + _PRESET
 LORA_TYPES: dict[str, NetType] = {
     "Standard": NetType("lora", False, _DROP),
-    "Flux1": NetType("lora", False, _DROP),  # networks.lora_flux (kohya_flow.py: the rest)
+    "Flux1": NetType("lora", False, _DROP),  # networks.lora_flux (flow.py: the rest)
     "Kohya LoCon": NetType("lora", True, _DROP),
     "LoCon": NetType("locon", True, _LYCO),
     "LyCORIS/LoCon": NetType("locon", True, _LYCO),
@@ -100,7 +100,7 @@ def network(ctx: Ctx) -> None:
             ctx.skip(key, f"a LoRA setting, not used in {ctx.mode} mode")
         return
     name = ctx.raw("LoRA_type") or "Standard"
-    if name in DYLORA_TYPES:  # sd-scripts' networks.dylora (kohya_dylora.py)
+    if name in DYLORA_TYPES:  # sd-scripts' networks.dylora (dylora.py)
         dylora_network(ctx, name, NETWORK_KEYS)
         return
     if "unit" in ctx.data:

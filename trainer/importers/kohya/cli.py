@@ -16,7 +16,7 @@ from trainer.config import MODES
 
 def _import_kohya(args: argparse.Namespace) -> int:
     from trainer.config import files as config_io
-    from trainer.importers.kohya_ss import import_kohya_file
+    from trainer.importers.kohya import import_kohya_file
 
     try:
         cfg, report = import_kohya_file(args.file, args.mode)

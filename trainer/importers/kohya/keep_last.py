@@ -9,9 +9,9 @@ such a value is reported as not needed, with the reason, instead of failing the 
 
 from __future__ import annotations
 
-from trainer.importers import kohya_convert as c
-from trainer.importers.kohya_report import Ctx
-from trainer.importers.kohya_table import Rule
+from trainer.importers.kohya import convert as c
+from trainer.importers.kohya.report import Ctx
+from trainer.importers.kohya.table import Rule
 
 KEYS = ("save_last_n_epochs", "save_last_n_epochs_state", "save_last_n_steps",
         "save_last_n_steps_state")

@@ -12,8 +12,8 @@ cannot honour (a preset, Tucker, norm layers, dropout) is reported as not suppor
 
 from __future__ import annotations
 
-from trainer.importers import kohya_convert as c
-from trainer.importers.kohya_report import Ctx
+from trainer.importers.kohya import convert as c
+from trainer.importers.kohya.report import Ctx
 
 DYLORA_TYPES = ("Kohya DyLoRA", "LyCORIS/DyLoRA")
 _NOT_READ = "sd-scripts' networks.dylora does not read it"
@@ -37,7 +37,7 @@ def _value(ctx: Ctx, key: str):
 
 
 def _drop_direct(ctx: Ctx) -> None:
-    """Undo what kohya_table.DIRECT mapped for a key networks.dylora ignores."""
+    """Undo what table.DIRECT mapped for a key networks.dylora ignores."""
     for key, reason in IGNORED.items():
         if key not in ctx.data:
             continue

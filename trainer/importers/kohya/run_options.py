@@ -1,5 +1,5 @@
-"""kohya_ss keys of issue 21's remainder: colour augmentation, fp16 weights, the trackers and
-the Hub upload. Their one-to-one rules (``RUN_DIRECT``, merged into kohya_table.DIRECT, so the
+"""kohya_ss's options of the run around the training step: colour augmentation, fp16 weights,
+the trackers, the Hub upload and the processes. Their one-to-one rules (``RUN_DIRECT``, merged into table.DIRECT, so the
 same flags in ``additional_parameters`` map too) and the handlers that read two keys:
 ``color_aug`` with the latent cache, which sd-scripts refuses together (the pixels change at
 every step; the import keeps the augmentation and turns the cache off, with a note), and
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.importers import kohya_convert as c
+from trainer.importers.kohya import convert as c
 
 # kohya key -> (our dotted key, converter)
 RUN_DIRECT: dict[str, tuple[str, Any]] = {
@@ -19,7 +19,7 @@ RUN_DIRECT: dict[str, tuple[str, Any]] = {
     "log_tracker_name": ("training.log_tracker_name", c.to_text),
     "wandb_run_name": ("training.wandb_run_name", c.to_text),
     "log_tracker_config": ("training.log_tracker_config", c.to_text),
-    # the Hub upload (trainer/run/hub.py); the token stays out of the config (kohya_table)
+    # the Hub upload (trainer/run/hub.py); the token stays out of the config (table)
     "huggingface_repo_id": ("saving.huggingface_repo_id", c.to_text),
     "huggingface_repo_type": ("saving.huggingface_repo_type",
                               c.choice({"model": "model", "dataset": "dataset"})),
@@ -40,8 +40,8 @@ CACHE_KEYS = ("cache_latents",)  # DERIVED: after additional_parameters, which m
 
 def latent_cache(ctx: Any) -> None:
     """``cache_latents`` as the form says (a ``--cache_latents`` flag has set it already), then
-    off when colour augmentation is on. ``ctx``: kohya_report.Ctx (which imports
-    kohya_table, which imports this module)."""
+    off when colour augmentation is on. ``ctx``: report.Ctx (which imports
+    table, which imports this module)."""
     value = c.to_bool(ctx.raw("cache_latents"))
     if "dataset.cache_latents" in ctx.targets:
         ctx.skip("cache_latents", "additional_parameters sets it")

@@ -11,20 +11,12 @@ import math
 from typing import Any
 
 from trainer.config.plan import plan_steps
-from trainer.importers import kohya_convert as c
-from trainer.importers import (
-    kohya_extra,
-    kohya_flow,
-    kohya_fused,
-    kohya_keep_last,
-    kohya_memory,
-    kohya_run_extra,
-)
-from trainer.importers.kohya_extra_table import optimizer_target
-from trainer.importers.kohya_network import NETWORK_KEYS, network, optimizer
-from trainer.importers.kohya_network_args import network_args
-from trainer.importers.kohya_report import Ctx
-from trainer.importers.kohya_table import (
+from trainer.importers.kohya import convert as c
+from trainer.importers.kohya import flow, fused, keep_last, memory, rates, run_options
+from trainer.importers.kohya.network import NETWORK_KEYS, network, optimizer
+from trainer.importers.kohya.network_args import network_args
+from trainer.importers.kohya.report import Ctx
+from trainer.importers.kohya.table import (
     DIRECT,
     FAMILY_REASON,
     NOT_NEEDED,
@@ -32,6 +24,7 @@ from trainer.importers.kohya_table import (
     TRAINED,
     Rule,
     is_family_key,
+    optimizer_target,
 )
 
 
@@ -313,9 +306,9 @@ FLAG_RULES: dict[str, Rule] = {
     "network_alpha": Rule("network.network_alpha", c.to_float, ("lora",)),
     "resolution": Rule("dataset.resolution", lambda v: c.resolution(v)[0]),
     "v_parameterization": Rule("model.prediction_type", lambda v: "v_prediction"),
-    **kohya_keep_last.FLAG_RULES,  # --save_last_n_*: the schema checks their schedule
-    "fp8_base": Rule("model.base_precision", lambda v: "fp8", ("lora",)),  # kohya_memory.py
-    "block_lr": Rule("optimizer.block_lr", kohya_extra.block_rates, ("dreambooth",)),
+    **keep_last.FLAG_RULES,  # --save_last_n_*: the schema checks their schedule
+    "fp8_base": Rule("model.base_precision", lambda v: "fp8", ("lora",)),  # memory.py
+    "block_lr": Rule("optimizer.block_lr", rates.block_rates, ("dreambooth",)),
     "resume_from_huggingface": Rule("saving.resume_from_huggingface", c.to_bool),
     "fused_backward_pass": Rule("optimizer.fused_backward_pass", lambda v: True,
                                 ("dreambooth",)),
@@ -376,15 +369,15 @@ DERIVED: list[tuple[tuple[str, ...], Any]] = [
       "multires_noise_iterations", "multires_noise_discount"), noise),
     (NETWORK_KEYS, network),
     (("network_args",), network_args),  # a raw one: not from kohya_ss's LoRA tab
-    (kohya_keep_last.KEYS, kohya_keep_last.keep_last),  # after save_every_n_* / save_state
+    (keep_last.KEYS, keep_last.keep_last),  # after save_every_n_* / save_state
     (("optimizer", "optimizer_args"), optimizer),
-    (kohya_extra.CONTEXT_KEYS, kohya_extra.in_context),
-    (kohya_extra.BLOCK_LR_KEYS, kohya_extra.block_lr),
-    (kohya_run_extra.HUB_RESUME_KEYS, kohya_run_extra.hub_resume),
-    (kohya_run_extra.LAUNCH_KEYS, kohya_run_extra.launch),
+    (rates.CONTEXT_KEYS, rates.in_context),
+    (rates.BLOCK_LR_KEYS, rates.block_lr),
+    (run_options.HUB_RESUME_KEYS, run_options.hub_resume),
+    (run_options.LAUNCH_KEYS, run_options.launch),
     (("additional_parameters",), additional_parameters),
-    (kohya_fused.KEYS, kohya_fused.fused),  # after the flags (optimizer, accumulation)
-    (kohya_run_extra.CACHE_KEYS, kohya_run_extra.latent_cache),  # after the flags
-    (kohya_memory.KEYS, kohya_memory.memory),  # after the flags (gradient_checkpointing)
-    (kohya_flow.KEYS, kohya_flow.flow),  # last: it drops the DDPM options mapped above
+    (fused.KEYS, fused.fused),  # after the flags (optimizer, accumulation)
+    (run_options.CACHE_KEYS, run_options.latent_cache),  # after the flags
+    (memory.KEYS, memory.memory),  # after the flags (gradient_checkpointing)
+    (flow.KEYS, flow.flow),  # last: it drops the DDPM options mapped above
 ]

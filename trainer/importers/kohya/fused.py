@@ -4,7 +4,7 @@ parameters' checkbox, which kohya_ss saves in the DreamBooth and finetune tabs) 
 (trainer/run/fused_steps.py).
 
 - sd-scripts fuses them in sdxl_train.py (and its FLUX.1 / SD3 trainers, whose keys are
-  kohya_flow.py's); train_db.py and fine_tune.py parse ``--fused_backward_pass`` and only assert
+  flow.py's); train_db.py and fine_tune.py parse ``--fused_backward_pass`` and only assert
   Adafactor and an accumulation of 1. Here the DreamBooth steps fuse for every family: the same
   weights, with one gradient alive at a time.
 - The LoRA and textual-inversion trainers do not read either: "not needed" there.
@@ -20,8 +20,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from trainer.config.fused_rules import fused_checks
-from trainer.importers import kohya_convert as c
-from trainer.importers.kohya_report import Ctx
+from trainer.importers.kohya import convert as c
+from trainer.importers.kohya.report import Ctx
 
 KEYS = ("fused_backward_pass", "fused_optimizer_groups")
 _NOT_READ = ("sd-scripts' {} trainer does not read it (its get_optimizer only asserts "

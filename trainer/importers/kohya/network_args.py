@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.importers import kohya_convert as c
-from trainer.importers.kohya_network_extra import NETWORK_DIRECT
-from trainer.importers.kohya_table import DIRECT
+from trainer.importers.kohya import convert as c
+from trainer.importers.kohya.network_options import NETWORK_DIRECT
+from trainer.importers.kohya.table import DIRECT
 
 
 def network_args(ctx: Any) -> None:

@@ -1,6 +1,7 @@
 """The kohya_ss GUI JSON keys and what becomes of each: the declarative part of the importer.
 
-``DIRECT``: kohya key -> (our dotted key, converter). ``DERIVED`` (in kohya_derived.py): keys
+``DIRECT``: kohya key -> (our dotted key, converter), with the converters it needs (sampler
+and optimizer names, token lengths). ``DERIVED`` (in derived.py): keys
 that combine with others (steps and epochs, warm-up, LoRA_type, learning rates...).
 ``NOT_NEEDED`` and ``NOT_SUPPORTED``: keys that do not map, each with its reason; ``FAMILY``:
 settings of model families this studio does not train. Every key of a file lands in exactly one
@@ -12,12 +13,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
-from trainer.importers import kohya_convert as c
-from trainer.importers.kohya_extra_table import EXTRA_DIRECT, SAMPLER_NAMES
-from trainer.importers.kohya_network_extra import NETWORK_DIRECT
-from trainer.importers.kohya_run_extra import RUN_DIRECT
+from trainer.config.sections.outputs import SamplingSection
+from trainer.importers.kohya import convert as c
+from trainer.importers.kohya.network_options import NETWORK_DIRECT
+from trainer.importers.kohya.run_options import RUN_DIRECT
 
 TRAINED = ("lora", "dreambooth")
 
@@ -113,6 +114,47 @@ def compile_backend(value: Any) -> Any:
     if c.is_empty(value) or str(value).lower() == "no":
         return c.UNSET
     return Noted(True, f"torch.compile with its default backend (kohya asked for {value!r})")
+
+
+# sd-scripts' sampler spellings -> ours (library/train_util.py get_my_scheduler)
+SAMPLER_NAMES: dict[str, str] = {
+    **{n: n for n in get_args(SamplingSection.model_fields["sample_sampler"].annotation)},
+    "k_lms": "lms", "k_euler": "euler", "k_euler_a": "euler_a", "k_dpm_2": "dpm_2",
+    "k_dpm_2_a": "dpm_2_a",
+}
+
+
+# Optimizers that kohya_ss users name without their package: the import path of the class
+# (CAME, Luo et al. 2023: the authors' package came-pytorch)
+CLASS_PATHS = {"CAME": "came_pytorch.CAME"}
+
+
+def optimizer_target(name: Any) -> tuple[str, str]:
+    """(our key, value): sd-scripts' --optimizer_type also takes ``module.Class``, which is
+    optimizer.optimizer_class here."""
+    name = CLASS_PATHS.get(str(name), str(name))
+    return ("optimizer.optimizer_class" if "." in name else "optimizer.optimizer_type"), name
+
+
+def token_length(value: Any) -> Any:
+    """kohya_ss's max_token_length: 75 (its default) is CLIP's own window, i.e. unset here."""
+    n = c.to_int(value)
+    return c.UNSET if n is c.UNSET or n in (0, 75) else n
+
+
+# kohya key -> (our dotted key, converter): ip noise, captions, metadata; DIRECT takes them
+EXTRA_DIRECT: dict[str, tuple[str, Any]] = {
+    "ip_noise_gamma": ("training.ip_noise_gamma", c.nonzero(c.to_float)),
+    "ip_noise_gamma_random_strength": ("training.ip_noise_gamma_random_strength", c.to_bool),
+    "v_pred_like_loss": ("training.v_pred_like_loss", c.nonzero(c.to_float)),
+    "weighted_captions": ("dataset.weighted_captions", c.to_bool),
+    "max_token_length": ("dataset.max_token_length", token_length),
+    "caption_dropout_every_n_epochs": ("dataset.caption_dropout_every_n_epochs",
+                                       c.nonzero(c.to_int)),
+    "no_token_padding": ("dataset.no_token_padding", c.to_bool),
+    "training_comment": ("saving.training_comment", c.to_text),
+    "metadata_tags": ("saving.metadata_tags", c.to_text),
+}
 
 
 pos_float, pos_int = c.nonzero(c.to_float), c.nonzero(c.to_int)
@@ -277,7 +319,7 @@ FAMILY_REASON = ("a setting of another model family (HunyuanImage, Anima, Lumina
                  "here; FLUX.1 / SD3 keys are read with flux1_checkbox / sd3_checkbox)")
 
 # Keys that say the file is for a family this studio does not train (refused when true);
-# FLUX.1 and SD3 (flux1_checkbox, sd3_checkbox, LoRA_type Flux1) are kohya_flow.py's.
+# FLUX.1 and SD3 (flux1_checkbox, sd3_checkbox, LoRA_type Flux1) are flow.py's.
 FAMILY_SWITCHES = {"hunyuan_image_checkbox": "HunyuanImage", "anima_checkbox": "Anima",
                    "lumina_checkbox": "Lumina Image 2.0"}
 FAMILY_LORA_TYPES = {"HunyuanImage-2.1": "HunyuanImage", "Anima": "Anima",

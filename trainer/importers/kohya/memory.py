@@ -1,4 +1,4 @@
-"""kohya_ss's memory options (issue 19's settings): ``fp8_base`` / ``fp8_base_unet`` ->
+"""kohya_ss's memory options: ``fp8_base`` / ``fp8_base_unet`` ->
 ``model.base_precision = "fp8"`` (and ``model.fp8_text_encoders``), ``blocks_to_swap`` (and
 FLUX.1's deprecated ``split_mode``) -> ``training.blocks_to_swap``, as sd-scripts reads them:
 
@@ -26,11 +26,11 @@ FLUX.1's deprecated ``split_mode``) -> ``training.blocks_to_swap``, as sd-script
 
 from __future__ import annotations
 
-from trainer.importers import kohya_convert as c
-from trainer.importers.kohya_flow import MEMORY_KEYS, _not_passed, family_of
-from trainer.importers.kohya_report import Ctx
+from trainer.importers.kohya import convert as c
+from trainer.importers.kohya.flow import MEMORY_KEYS, _not_passed, family_of
+from trainer.importers.kohya.report import Ctx
 
-KEYS = MEMORY_KEYS  # kohya_derived.DERIVED: the keys memory() records
+KEYS = MEMORY_KEYS  # derived.DERIVED: the keys memory() records
 FLUX_SINGLE_BLOCKS = 38
 _H = 3072  # FLUX.1's width: a double block's weights and biases, a single block's
 FLUX_DOUBLE = 36 * _H * _H + 30 * _H + 4 * 128  # 339,831,296 (+ the q/k RMS norms)
@@ -61,7 +61,7 @@ def memory(ctx: Ctx) -> None:
     """Every memory key of the file: mapped, or reported with the reason."""
     try:
         family = family_of(ctx.data)
-    except ValueError as exc:  # kohya_flow reports it too
+    except ValueError as exc:  # flow reports it too
         ctx.problems.append(str(exc))
         return
     _fp8(ctx, family)

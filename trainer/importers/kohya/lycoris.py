@@ -1,4 +1,4 @@
-"""kohya_ss' ``LyCORIS_preset`` as ``network.lycoris_preset`` (issue 21).
+"""kohya_ss' ``LyCORIS_preset`` as ``network.lycoris_preset``.
 
 kohya_ss passes ``preset=<LyCORIS_preset>`` to lycoris.kohya for every LyCORIS type; its
 dropdown offers lycoris' preset names and takes a typed value too, which lycoris then reads as a
@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any, get_args
 
 from trainer.config.sections.network_lycoris import LycorisPreset
-from trainer.importers import kohya_convert as c
-from trainer.importers.kohya_table import Refused
+from trainer.importers.kohya import convert as c
+from trainer.importers.kohya.table import Refused
 
 PRESET_NAMES = get_args(LycorisPreset)
 

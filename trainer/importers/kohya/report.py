@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.importers import kohya_convert as c
-from trainer.importers.kohya_table import Noted, Refused, Rule
+from trainer.importers.kohya import convert as c
+from trainer.importers.kohya.table import Noted, Refused, Rule
 
 
 @dataclass

@@ -15,7 +15,7 @@ not save), and compare ``noisy - sigma * output`` with the latents (``sigma_scal
 sd-scripts' FLUX.1 and SD3 trainers read none of the DDPM options (noise offset, min-SNR,
 timestep range for FLUX.1...): those the kohya_ss form still saves are reported as not needed
 instead of imported, as the config would refuse them (trainer/config/family_rules.py).
-The memory options (fp8 base weights, block swap) are kohya_memory.py's.
+The memory options (fp8 base weights, block swap) are memory.py's.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from __future__ import annotations
 from typing import Any
 
 from trainer.config.family_rules import DDPM_ONLY, FAMILY_NAMES
-from trainer.importers import kohya_convert as c
-from trainer.importers.kohya_report import Ctx, is_off
-from trainer.importers.kohya_table import Rule
+from trainer.importers.kohya import convert as c
+from trainer.importers.kohya.report import Ctx, is_off
+from trainer.importers.kohya.table import Rule
 
 SWITCHES = {"flux1_checkbox": "flux1", "sd3_checkbox": "sd3"}
 FLUX_LORA_TYPES = ("Flux1",)  # LoRA_type values that mean a FLUX.1 LoRA (networks.lora_flux)
@@ -115,7 +115,7 @@ SD3_ONLY = (*SD3_RULES, "sd3_clip_l", "sd3_t5xxl", "clip_g_dropout_rate", "clip_
             "sd3_text_encoder_batch_size", "sd3_disable_mmap_load_safetensors",
             "sd3_cache_text_encoder_outputs_to_disk")
 BOTH = ("clip_l", "t5xxl", "blocks_to_swap", "show_timesteps", "show_timesteps_resolution")
-# the memory options: kohya_memory.py reads them (with the family this module finds)
+# the memory options: memory.py reads them (with the family this module finds)
 MEMORY_KEYS = ("fp8_base", "fp8_base_unet", "blocks_to_swap", "single_blocks_to_swap",
                "double_blocks_to_swap", "split_mode")
 KEYS = tuple(k for k in dict.fromkeys((*SWITCHES, *FLUX_ONLY, *SD3_ONLY, *BOTH))

@@ -1,4 +1,5 @@
-"""Import a kohya_ss GUI JSON config (github.com/bmaltais/kohya_ss) as a validated TrainConfig.
+"""The importer's entry point: a kohya_ss GUI JSON config (github.com/bmaltais/kohya_ss) as a
+validated TrainConfig (the package re-exports these names).
 
     cfg, report = import_kohya_file("my_lora.json")          # mode from the file
     cfg, report = import_kohya(json.loads(text), mode="dreambooth", source="x.json")
@@ -8,8 +9,8 @@ the finetune tab's (image_folder, train_dir...) ``dreambooth`` (whole-model trai
 the DreamBooth tab's ``dreambooth`` and the textual-inversion tab's (token_string)
 ``textual_inversion``; ``mode`` overrides it. Files for families this studio does not train
 (HunyuanImage, Anima, Lumina) are refused naming the key;
-FLUX.1 and SD3 files import (kohya_flow.py). Every key of the file lands in the report:
-imported (kohya_table.DIRECT, kohya_derived.DERIVED), left at the default, not supported or not
+FLUX.1 and SD3 files import (flow.py). Every key of the file lands in the report:
+imported (table.DIRECT, derived.DERIVED), left at the default, not supported or not
 needed (each with its reason), or unknown.
 """
 
@@ -24,9 +25,9 @@ from typing import Any
 from trainer.config import MODES, TrainConfig
 from trainer.config import files as config_io
 from trainer.config.files import ConfigError
-from trainer.importers.kohya_derived import DERIVED
-from trainer.importers.kohya_report import Ctx, ImportReport, is_off
-from trainer.importers.kohya_table import (
+from trainer.importers.kohya.derived import DERIVED
+from trainer.importers.kohya.report import Ctx, ImportReport, is_off
+from trainer.importers.kohya.table import (
     DIRECT,
     FAMILY_LORA_TYPES,
     FAMILY_REASON,

@@ -1,6 +1,7 @@
-"""kohya_ss values that sd-scripts ignores in context, read as sd-scripts reads them (issue 21:
-"configs as users write them"). Each handler records every key it owns; it runs after the
-learning rates and the optimizer are mapped (kohya_derived.DERIVED).
+"""kohya_ss's learning rates that sd-scripts reads in context: ``learning_rate`` beside the
+group rates, ``lr_scheduler_power`` beside the schedule, the one rate of D-Adaptation and Prodigy,
+and the finetune tab's ``block_lr`` (SDXL). Each handler records every key it owns; it runs after
+the learning rates and the optimizer are mapped (derived.DERIVED).
 """
 
 from __future__ import annotations
@@ -8,9 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from trainer.config.parity_rules import ONE_LR
-from trainer.importers import kohya_convert as c
-from trainer.importers.kohya_report import Ctx
-from trainer.importers.kohya_table import DIRECT
+from trainer.importers.kohya import convert as c
+from trainer.importers.kohya.report import Ctx
+from trainer.importers.kohya.table import DIRECT
 
 CONTEXT_KEYS = ("learning_rate", "lr_scheduler_power")
 
@@ -40,7 +41,7 @@ def in_context(ctx: Ctx) -> None:
 
 
 def _group_rates_cover(ctx: Ctx, opt: dict[str, Any]) -> bool:
-    """Every part that trains has a rate of its own (kohya_derived._lora_rates has set them)."""
+    """Every part that trains has a rate of its own (derived._lora_rates has set them)."""
     if ctx.mode != "lora":
         return False
     net = ctx.out.get("network", {})
