@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from trainer.config.files import ConfigError
-from trainer.importers.kohya.memory import flux_units
+from trainer.families.flux.kohya import flux_units
 from trainer.importers.kohya import import_kohya
 
 DATA = Path(__file__).parent / "data" / "kohya_ss"

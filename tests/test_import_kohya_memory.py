@@ -19,7 +19,7 @@ from trainer.config import EMBEDDED_MODEL
 from trainer.config import files as config_io
 from trainer.config.paths import PROJECT_ROOT
 from trainer.events import ListSink, Log
-from trainer.importers.kohya.memory import flux_units
+from trainer.families.flux.kohya import flux_units
 from trainer.importers.kohya import import_kohya
 from trainer.models.block_swap import swap_units
 from trainer.run.loop import run

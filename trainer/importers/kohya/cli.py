@@ -2,7 +2,8 @@
 
 Prints the import report (on stderr when the TOML goes to stdout, so that ``> out.toml`` stays a
 clean TOML) and writes the whole validated config atomically with ``-o``. A refused file (a
-FLUX.1 config, broken JSON, a value out of range) prints one line per problem and exits with 2.
+HunyuanImage config, broken JSON, a value out of range) prints one line per problem and exits
+with 2.
 """
 
 from __future__ import annotations

@@ -76,6 +76,11 @@ def to_bool(value: Any) -> Any:
     raise ValueError(f"{value!r} is not true or false")
 
 
+def only_on(value: Any) -> Any:
+    """A switch kohya_ss passes only when on (a cache switch): off leaves our default."""
+    return True if to_bool(value) is True else UNSET
+
+
 def to_text(value: Any) -> Any:
     return UNSET if is_empty(value) else str(value).strip()
 

@@ -13,6 +13,7 @@ from typing import Any
 from trainer.config.plan import plan_steps
 from trainer.importers.kohya import convert as c
 from trainer.importers.kohya import flow, fused, keep_last, memory, rates, run_options
+from trainer.importers.kohya.families import raw_on, role_value, switches
 from trainer.importers.kohya.network import NETWORK_KEYS, network, optimizer
 from trainer.importers.kohya.network_args import network_args
 from trainer.importers.kohya.report import Ctx
@@ -27,29 +28,39 @@ from trainer.importers.kohya.table import (
     optimizer_target,
 )
 
+# the SD families' switches (``sdxl``, ``v2``...; their kohya roles), sorted as kohya_ss saves
+SD_SWITCHES = switches("ddpm")
+FAMILY_KEYS = (*sorted(k for keys in SD_SWITCHES.values() for k in keys), "v_parameterization")
+
 
 def model_family(ctx: Ctx) -> None:
-    """``sdxl`` (the finetune tab's ``sdxl_checkbox``) / ``v2`` pick the family;
-    ``v_parameterization`` the v-prediction target. Both off leaves model_version = auto (read
-    from the model, which sd-scripts would take for SD 1.x)."""
+    """The SD families' switches (``sdxl``, the finetune tab's ``sdxl_checkbox``, ``v2``) pick
+    the family; ``v_parameterization`` the v-prediction target. None on leaves model_version =
+    auto (read from the model, which sd-scripts would take for SD 1.x)."""
     values = {}
-    for key in ("sdxl", "sdxl_checkbox", "v2", "v_parameterization"):
+    for key in FAMILY_KEYS:
         if key in ctx.data:
             try:
                 values[key] = c.to_bool(ctx.data[key])
             except ValueError as exc:
                 ctx.problems.append(f"{key} = {ctx.data[key]!r}: {exc}")
-    sdxl = "sdxl" if "sdxl" in values else "sdxl_checkbox"
-    if "sdxl" in values and "sdxl_checkbox" in values:
-        ctx.skip("sdxl_checkbox", "a GUI switch; the sdxl key decides")
-    if values.get(sdxl) is True and values.get("v2") is True:
-        ctx.problems.append(f"{sdxl} and v2 are both true: a model is one or the other")
+    deciding = {}  # the key that decides each family's switch: the first of its keys given
+    for family, keys in SD_SWITCHES.items():
+        given = [k for k in keys if k in values]
+        if given:
+            deciding[given[0]] = family
+        for key in given[1:]:
+            ctx.skip(key, f"a GUI switch; the {given[0]} key decides")
+    on = sorted(k for k in deciding if values[k] is True)
+    if len(on) > 1:
+        ctx.problems.append(f"{' and '.join(on)} are both true: a model is one or the other")
         return
-    for key, target, value in ((sdxl, "model.model_version", "sdxl"),
-                               ("v2", "model.model_version", "sd2"),
-                               ("v_parameterization", "model.prediction_type", "v_prediction")):
-        if key in values:
-            ctx.set(key, target, value) if values[key] is True else ctx.unset(key)
+    for key in sorted(deciding):
+        ctx.set(key, "model.model_version", deciding[key]) if values[key] is True else \
+            ctx.unset(key)
+    if "v_parameterization" in values:
+        ctx.set("v_parameterization", "model.prediction_type", "v_prediction") \
+            if values["v_parameterization"] is True else ctx.unset("v_parameterization")
 
 
 def resolution(ctx: Ctx) -> None:
@@ -204,14 +215,13 @@ def _present(ctx: Ctx, *keys: str) -> str:
 def _dreambooth_rates(ctx: Ctx) -> None:
     """sd-scripts train_db / sdxl_train train a text encoder unless its rate is 0 (an empty
     rate is learning_rate); the finetune tab adds a train_text_encoder switch and names SDXL
-    sdxl_checkbox. SDXL has one rate per encoder (learning_rate_te1 / te2)."""
+    sdxl_checkbox. SDXL has one rate per encoder (learning_rate_te1 / te2: its kohya role's
+    TEXT_ENCODER_RATES)."""
     on = ctx.raw("train_text_encoder", True) not in (False, "false", "False")
-    if any(ctx.raw(k) in (True, "true", "True") for k in ("sdxl", "sdxl_checkbox")):
-        rates = (("learning_rate_te1", "network.train_text_encoder", "optimizer.text_encoder_lr"),
-                 ("learning_rate_te2", "network.train_text_encoder_2",
-                  "optimizer.text_encoder_2_lr"))
-    else:
-        rates = (("learning_rate_te", "network.train_text_encoder", "optimizer.text_encoder_lr"),)
+    picked = [f for f, keys in SD_SWITCHES.items() if any(raw_on(ctx.raw(k)) for k in keys)]
+    rates = next((r for r in (role_value(f, "TEXT_ENCODER_RATES") for f in picked) if r),
+                 (("learning_rate_te", "network.train_text_encoder",
+                   "optimizer.text_encoder_lr"),))
     for key, train, rate in rates:
         value = ctx.num(key) if key in ctx.data else None
         ctx.set(_present(ctx, key, "train_text_encoder"), train, on and value != 0)
@@ -355,7 +365,7 @@ def additional_parameters(ctx: Ctx) -> None:
 
 
 DERIVED: list[tuple[tuple[str, ...], Any]] = [
-    (("sdxl", "sdxl_checkbox", "v2", "v_parameterization"), model_family),
+    (FAMILY_KEYS, model_family),
     (("max_resolution",), resolution),
     (("dataset_config", "train_data_dir", "image_folder", "reg_data_dir", "masked_loss"),
      dataset_folders),

@@ -25,6 +25,7 @@ from typing import Any
 from trainer.config import MODES, TrainConfig
 from trainer.config import files as config_io
 from trainer.config.files import ConfigError
+from trainer.families import FAMILIES
 from trainer.importers.kohya.derived import DERIVED
 from trainer.importers.kohya.report import Ctx, ImportReport, is_off
 from trainer.importers.kohya.table import (
@@ -81,7 +82,8 @@ def detect_mode(data: Mapping[str, Any]) -> tuple[str | None, str | None]:
 
 
 def refuse_other_families(data: Mapping[str, Any], source: str) -> None:
-    """One clear error for a FLUX.1 / SD3 / ... file, naming the key and value."""
+    """One clear error for a file of a family this studio does not train (HunyuanImage...),
+    naming the key and value."""
     found = []
     lora_type = data.get("LoRA_type")
     if isinstance(lora_type, str) and lora_type in FAMILY_LORA_TYPES:
@@ -92,8 +94,13 @@ def refuse_other_families(data: Mapping[str, Any], source: str) -> None:
     if found:
         key, value, family = found[0]
         raise ConfigError([f"{key} = {json.dumps(value)}: a {family} config; this studio trains "
-                           f"SD 1.x, SD 2.x, SDXL, FLUX.1 and SD 3.5 only, so it cannot be "
-                           f"imported"], source)
+                           f"{_trained()} only, so it cannot be imported"], source)
+
+
+def _trained() -> str:
+    """The families' labels, "SD 1.x, SD 2.x, ... and SD 3.5"."""
+    labels = list(dict.fromkeys(s.label for s in FAMILIES.values()))
+    return ", ".join(labels[:-1]) + " and " + labels[-1] if len(labels) > 1 else labels[0]
 
 
 def import_kohya(data: Mapping[str, Any], mode: str | None = None,

@@ -8,14 +8,10 @@ FLUX.1's deprecated ``split_mode``) -> ``training.blocks_to_swap``, as sd-script
   here, with a note). The DreamBooth / fine-tune and textual-inversion trainers do not read it.
   kohya_ss passes ``fp8_base_unet`` with ``flux1_checkbox`` only.
 - ``blocks_to_swap``: kohya_ss passes it for FLUX.1 and SD3 only (0 is dropped). SD3 swaps its
-  last N joint blocks, as here. FLUX.1's ``enable_block_swap(N)`` swaps N // 2 double blocks
-  and (N - N // 2) x 2 single blocks; here the last units in forward order go first (the 38
-  single blocks, then double blocks), so the count becomes the fewest units that hold at least
-  as many weights: a double block has 36 h^2 weights (two AdaLayerNormZero 6h projections, two
-  q/k/v, two outputs, two 4h MLPs) and 30 h biases, a single block 15 h^2 (3h modulation, 4h
-  MLP in, q/k/v, the (h + 4h) output) and 11 h biases: 2.4 single blocks' worth. Block swap
-  needs gradient checkpointing here (sd-scripts swaps without it), which the import turns on,
-  with a note.
+  last N joint blocks, as here; a family whose blocks count otherwise converts the count in its
+  kohya role (``swap_units``: FLUX.1's, trainer/families/flux/kohya.py). Block swap needs
+  gradient checkpointing here (sd-scripts swaps without it), which the import turns on, with a
+  note.
 - ``split_mode`` (FLUX.1, deprecated): sd-scripts sets ``blocks_to_swap = 18`` unless it is
   given. ``single_blocks_to_swap`` / ``double_blocks_to_swap`` are read by flux_train.py
   (DreamBooth) only, as ``double + single // 2`` blocks.
@@ -26,15 +22,13 @@ FLUX.1's deprecated ``split_mode``) -> ``training.blocks_to_swap``, as sd-script
 
 from __future__ import annotations
 
+from trainer.families import spec
 from trainer.importers.kohya import convert as c
-from trainer.importers.kohya.flow import MEMORY_KEYS, _not_passed, family_of
+from trainer.importers.kohya.families import role_value
+from trainer.importers.kohya.flow import BOTH, MEMORY_KEYS, family_of, not_passed
 from trainer.importers.kohya.report import Ctx
 
 KEYS = MEMORY_KEYS  # derived.DERIVED: the keys memory() records
-FLUX_SINGLE_BLOCKS = 38
-_H = 3072  # FLUX.1's width: a double block's weights and biases, a single block's
-FLUX_DOUBLE = 36 * _H * _H + 30 * _H + 4 * 128  # 339,831,296 (+ the q/k RMS norms)
-FLUX_SINGLE = 15 * _H * _H + 11 * _H + 2 * 128  # 141,591,808
 SPLIT_MODE_BLOCKS = 18  # sd-scripts' flux_train_network.py for --split_mode
 _FULL_FINE_TUNE = ("block swap for a full fine-tune (sd-scripts swaps DreamBooth's blocks with "
                    "its fused backward pass, which steps each block while it is on the "
@@ -42,14 +36,9 @@ _FULL_FINE_TUNE = ("block swap for a full fine-tune (sd-scripts swaps DreamBooth
                    "training.blocks_to_swap is for LoRA")
 
 
-def flux_units(n: int) -> int:
-    """sd-scripts' FLUX.1 ``blocks_to_swap = n`` as our unit count (see the module's notes)."""
-    theirs = (n // 2) * FLUX_DOUBLE + (n - n // 2) * 2 * FLUX_SINGLE
-    units, held = 0, 0
-    while held < theirs:  # the last units first: the single blocks, then the double ones
-        held += FLUX_SINGLE if units < FLUX_SINGLE_BLOCKS else FLUX_DOUBLE
-        units += 1
-    return units
+def _passed(key: str, family: str | None) -> bool:
+    """Whether kohya_ss passes ``key`` with the family's switch."""
+    return family is not None and (key in BOTH or key in role_value(family, "ONLY", ()))
 
 
 def _count(ctx: Ctx, key: str) -> int:
@@ -71,8 +60,8 @@ def memory(ctx: Ctx) -> None:
 def _fp8(ctx: Ctx, family: str | None) -> None:
     base = "fp8_base" in ctx.data and c.to_bool(ctx.raw("fp8_base")) is True
     unet = "fp8_base_unet" in ctx.data and c.to_bool(ctx.raw("fp8_base_unet")) is True
-    if "fp8_base_unet" in ctx.data and family != "flux1":
-        ctx.skip("fp8_base_unet", _not_passed("fp8_base_unet", family))
+    if "fp8_base_unet" in ctx.data and not _passed("fp8_base_unet", family):
+        ctx.skip("fp8_base_unet", not_passed("fp8_base_unet", family))
         unet = False
     for key, on in (("fp8_base", base), ("fp8_base_unet", unet)):
         if key not in ctx.data or key in ctx.report.keys():
@@ -88,7 +77,7 @@ def _fp8(ctx: Ctx, family: str | None) -> None:
             ctx.set(key, "model.base_precision", "fp8")
     if ctx.mode != "lora" or not (base or unet):
         return
-    if family in ("flux1", "sd3") and base and not unet:
+    if family is not None and spec(family).has_t5 and base and not unet:
         ctx.set("fp8_base", "model.fp8_text_encoders", True)
         ctx.note("fp8_base", "the denoiser and the T5-XXL text encoder stored in fp8 "
                              "(model.base_precision, model.fp8_text_encoders), as sd-scripts "
@@ -107,8 +96,8 @@ LEGACY = ("double_blocks_to_swap", "single_blocks_to_swap")
 def _swap(ctx: Ctx, family: str | None) -> None:
     keys = [k for k in SWAP_KEYS if k in ctx.data]
     for key in keys:
-        if family is None or (key != "blocks_to_swap" and family != "flux1"):
-            ctx.skip(key, _not_passed(key, family))
+        if not _passed(key, family):
+            ctx.skip(key, not_passed(key, family))
     keys = [k for k in keys if k not in ctx.report.keys()]
     if not keys:
         return
@@ -154,12 +143,11 @@ def _swap_network(ctx: Ctx, family: str | None, n: int, split: bool,
     if ctx.mode != "lora":
         ctx.skip(owner, f"a LoRA / fine-tune option of sd-scripts; not used in {ctx.mode} mode")
         return
-    units = flux_units(n) if family == "flux1" else n
+    convert = role_value(family, "swap_units")
+    units, note = convert(n) if convert else (n, None)
     ctx.set(owner, "training.blocks_to_swap", units)
-    if family == "flux1":
-        ctx.note(owner, f"sd-scripts swaps {n // 2} double and {(n - n // 2) * 2} single "
-                        f"blocks; here the last blocks in forward order go, the singles "
-                        f"first: {units} blocks hold at least as many weights")
+    if note:
+        ctx.note(owner, note)
     if ctx.out.get("training", {}).get("gradient_checkpointing") is not True:
         ctx.set(owner, "training.gradient_checkpointing", True)
         ctx.note(owner, "training.gradient_checkpointing turned on: block swap needs it here "

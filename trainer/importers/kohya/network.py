@@ -16,10 +16,9 @@ from trainer.config import SECTIONS, OptimizerSection
 from trainer.config.rules import NETWORK_OPTIONS
 from trainer.importers.kohya import convert as c
 from trainer.importers.kohya.dylora import DYLORA_TYPES, dylora_network
-from trainer.importers.kohya.table import optimizer_target
 from trainer.importers.kohya.lycoris import lycoris_preset, text_encoder_off, unused_conv_keys
 from trainer.importers.kohya.report import Ctx
-from trainer.importers.kohya.table import Rule
+from trainer.importers.kohya.table import Rule, optimizer_target
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from typing import Any
 
 from trainer.config.parity_rules import ONE_LR
 from trainer.importers.kohya import convert as c
+from trainer.importers.kohya.families import role_value, switches
 from trainer.importers.kohya.report import Ctx
 from trainer.importers.kohya.table import DIRECT
 
@@ -77,7 +78,8 @@ def block_lr(ctx: Ctx) -> None:
     if c.is_empty(text):
         ctx.unset("block_lr")
         return
-    sdxl = any(c.to_bool(ctx.raw(k, False)) is True for k in ("sdxl", "sdxl_checkbox"))
+    sdxl = any(c.to_bool(ctx.raw(k, False)) is True for f, keys in switches("ddpm").items()
+               if role_value(f, "BLOCK_LR") for k in keys)
     if ctx.mode != "dreambooth":
         ctx.skip("block_lr", f"sd-scripts reads it in sdxl_train.py (SDXL DreamBooth and "
                              f"fine-tuning) only, not in {ctx.mode} mode")

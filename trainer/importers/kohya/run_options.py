@@ -1,9 +1,9 @@
-"""kohya_ss's options of the run around the training step: colour augmentation, fp16 weights,
-the trackers, the Hub upload and the processes. Their one-to-one rules (``RUN_DIRECT``, merged into table.DIRECT, so the
-same flags in ``additional_parameters`` map too) and the handlers that read two keys:
-``color_aug`` with the latent cache, which sd-scripts refuses together (the pixels change at
-every step; the import keeps the augmentation and turns the cache off, with a note), and
-accelerate's ``num_processes`` with ``multi_gpu``, which decides whether it counts.
+"""kohya_ss's options of the run around the training step: colour augmentation, fp16 weights, the
+trackers, the Hub upload and the processes. Their one-to-one rules (``RUN_DIRECT``, merged into
+table.DIRECT, so the same flags in ``additional_parameters`` map too) and the handlers that read
+two keys: ``color_aug`` with the latent cache, which sd-scripts refuses together (the pixels
+change at every step; the import keeps the augmentation and turns the cache off, with a note),
+and accelerate's ``num_processes`` with ``multi_gpu``, which decides whether it counts.
 """
 
 from __future__ import annotations

@@ -1,0 +1,47 @@
+"""The kohya importer reads each family's kohya_ss keys from the family's folder
+(trainer/families/<folder>/kohya.py): every flow family's role declares what the importer asks
+for, no key belongs to two families, and the switches the roles declare pick their family."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainer.families import FAMILIES, names
+from trainer.importers.kohya import flow, import_kohya
+from trainer.importers.kohya.families import kohya_role, switch_keys, switches
+
+FLOW = names(objective="flow")
+FLOW_ROLE = ("SWITCHES", "LORA_TYPES", "RULES", "ENCODER_FILES", "UNSUPPORTED", "NOT_NEEDED",
+             "ONLY", "TIMESTEP_RANGE", "finish")
+
+
+@pytest.mark.parametrize("name", FLOW)
+def test_a_flow_family_role_declares_what_the_importer_reads(name):
+    role = kohya_role(name)
+    assert role is not None, f"{name} has no trainer/families/<folder>/kohya.py"
+    assert [a for a in FLOW_ROLE if not hasattr(role, a)] == []
+    owned = set(role.ONLY) | set(flow.BOTH)
+    assert set(role.RULES) | set(role.UNSUPPORTED) | set(role.NOT_NEEDED) <= owned
+    assert all(k in owned for keys in role.ENCODER_FILES.values() for k in keys)
+
+
+def test_no_key_is_two_flow_families_own():
+    seen: dict[str, str] = {}
+    for name in FLOW:
+        for key in kohya_role(name).ONLY:
+            assert key not in seen, f"{key} is both {seen[key]}'s and {name}'s"
+            seen[key] = name
+
+
+def test_every_switch_is_one_family_s():
+    keys = switch_keys()
+    assert len(keys) == len(set(keys))
+    assert set(switches()) <= set(FAMILIES)
+
+
+@pytest.mark.parametrize("name", [n for n in switches()])
+def test_a_family_s_switch_picks_it(name):
+    key = switches()[name][0]
+    cfg, report = import_kohya({"LoRA_type": "Standard", key: True}, source="switch.json")
+    assert cfg.model.model_version == name
+    assert (key, True, "model.model_version", name) in report.mapped
