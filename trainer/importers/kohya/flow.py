@@ -45,10 +45,9 @@ KEYS = tuple(k for k in dict.fromkeys((*_SWITCH_KEYS, *(k for r in ROLES.values(
 
 def family_of(data: dict[str, Any]) -> str | None:
     """The flow family a kohya_ss file trains, or None."""
-    found = [fam for fam, keys in SWITCHES.items()
-             if any(c.to_bool(data.get(key, False)) is True for key in keys)]
-    found += [fam for fam, r in ROLES.items() if data.get("LoRA_type") in r.LORA_TYPES]
-    found = list(dict.fromkeys(found))
+    found = [fam for fam, r in ROLES.items()
+             if any(c.to_bool(data.get(key, False)) is True for key in SWITCHES.get(fam, ()))
+             or data.get("LoRA_type") in r.LORA_TYPES]
     if len(found) > 1:
         raise ValueError(f"{' and '.join(SWITCHES[f][0] for f in found)} are both on: a model "
                          f"is one or the other")
@@ -68,7 +67,7 @@ def flow(ctx: Ctx) -> None:
     others = [k for k in KEYS if k in ctx.data and k not in _SWITCH_KEYS]
     if family is None:
         for key in others:
-            ctx.skip(key, not_passed(key, family))
+            ctx.skip(key, not_passed(key))
         return
     role = ROLES[family]
     _drop_sdxl_cache(ctx)
@@ -77,12 +76,12 @@ def flow(ctx: Ctx) -> None:
         if key in role.ONLY or key in BOTH:
             _owned_key(ctx, key, family)
         else:
-            ctx.skip(key, not_passed(key, family))
+            ctx.skip(key, not_passed(key))
     role.finish(ctx)
     drop_ddpm_options(ctx, family)
 
 
-def not_passed(key: str, family: str | None) -> str:
+def not_passed(key: str) -> str:
     """Why a flow family's key is not needed: kohya_ss passes it with its family's switch."""
     mine = [f for f, r in ROLES.items() if key in r.ONLY or key in BOTH]
     switch = " / ".join(SWITCHES[f][0] for f in mine)
@@ -130,7 +129,7 @@ def _owned_key(ctx: Ctx, key: str, family: str) -> None:
     elif key in handlers:
         handlers[key](ctx, key)
     else:
-        ctx.skip(key, not_passed(key, family))
+        ctx.skip(key, not_passed(key))
 
 
 # The SD families' prompt options (trainer/data/weighted captions, long prompts): the value

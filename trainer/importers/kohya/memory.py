@@ -61,7 +61,7 @@ def _fp8(ctx: Ctx, family: str | None) -> None:
     base = "fp8_base" in ctx.data and c.to_bool(ctx.raw("fp8_base")) is True
     unet = "fp8_base_unet" in ctx.data and c.to_bool(ctx.raw("fp8_base_unet")) is True
     if "fp8_base_unet" in ctx.data and not _passed("fp8_base_unet", family):
-        ctx.skip("fp8_base_unet", not_passed("fp8_base_unet", family))
+        ctx.skip("fp8_base_unet", not_passed("fp8_base_unet"))
         unet = False
     for key, on in (("fp8_base", base), ("fp8_base_unet", unet)):
         if key not in ctx.data or key in ctx.report.keys():
@@ -97,7 +97,7 @@ def _swap(ctx: Ctx, family: str | None) -> None:
     keys = [k for k in SWAP_KEYS if k in ctx.data]
     for key in keys:
         if not _passed(key, family):
-            ctx.skip(key, not_passed(key, family))
+            ctx.skip(key, not_passed(key))
     keys = [k for k in keys if k not in ctx.report.keys()]
     if not keys:
         return
