@@ -61,7 +61,7 @@ def two_images(root: Path) -> Path:
 
 def denoiser(model: Any) -> torch.nn.Module:
     """The loaded model's UNet or transformer."""
-    return getattr(model, "denoiser", None) or model.unet
+    return model.denoiser
 
 
 def lora_deltas(module: torch.nn.Module) -> dict[str, torch.Tensor]:
