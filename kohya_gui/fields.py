@@ -27,15 +27,17 @@ from typing import Any, Literal, Union
 import tomli_w
 import tomllib
 
+from trainer import families
 from trainer.config import TrainConfig, iter_fields, ui_hints
 from trainer.config import files as config_io
 
 UNSET_LABEL = "(unset)"
 TRISTATE = ("on", "off")  # the choices of an Optional[bool]
+FLOW_FAMILIES = ", ".join(families.label(n) for n in families.names(objective="flow"))
 SECTION_TITLES = {
     "": "Mode", "model": "Model", "dataset": "Dataset", "network": "Network",
     "optimizer": "Optimizer", "training": "Training",
-    "flow": "Flow matching (FLUX.1, SD 3.5)", "sampling": "Sample images", "saving": "Saving",
+    "flow": f"Flow matching ({FLOW_FAMILIES})", "sampling": "Sample images", "saving": "Saving",
 }
 
 
