@@ -3,7 +3,7 @@
 import pytest
 
 from trainer.config import TrainConfig
-from trainer.config.family_rules import family_problems, known_family
+from trainer.config.rules.family import family_problems, known_family
 
 FLUX = {"pretrained_model_name_or_path": "embedded:tiny-flux"}
 SD3 = {"pretrained_model_name_or_path": "embedded:tiny-sd3"}
@@ -30,7 +30,8 @@ def test_the_family_is_known_from_the_version_or_the_embedded_name():
     (FLUX, {"training": {"loss_type": "huber", "huber_schedule": "snr"}},
      "huber_schedule = 'snr' needs a DDPM"),
     (FLUX, {"model": {"prediction_type": "v_prediction"}}, "flow.model_prediction_type"),
-    (FLUX, {"model": {"clip_g": "/g.safetensors"}}, "FLUX.1 has no CLIP-G"),
+    (FLUX, {"model": {"clip_g": "/g.safetensors"}},
+     "model.clip_g is set but FLUX.1 does not read it"),
     (FLUX, {"network": {"train_t5xxl": True}}, "needs network.train_text_encoder"),
     ({}, {"model": {"ae": "/ae.safetensors"}}, "model.ae is set but SD 1.x does not read it"),
     ({}, {"network": {"train_t5xxl": True, "train_text_encoder": True}},

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.config.parity_rules import ONE_LR
+from trainer.config.rules.parity import ONE_LR
 from trainer.importers import kohya_convert as c
 from trainer.importers.kohya_report import Ctx
 from trainer.importers.kohya_table import DIRECT

@@ -14,7 +14,7 @@ from the weighting scheme's density, shifted by ``--training_shift`` (1.0, which
 not save), and compare ``noisy - sigma * output`` with the latents (``sigma_scaled`` here).
 sd-scripts' FLUX.1 and SD3 trainers read none of the DDPM options (noise offset, min-SNR,
 timestep range for FLUX.1...): those the kohya_ss form still saves are reported as not needed
-instead of imported, as the config would refuse them (trainer/config/family_rules.py).
+instead of imported, as the config would refuse them (trainer/config/rules/family.py).
 The memory options (fp8 base weights, block swap) are kohya_memory.py's.
 """
 
@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.config.family_rules import DDPM_ONLY, FAMILY_NAMES
+from trainer.config.rules.family import objective_options
+from trainer.families import label
 from trainer.importers import kohya_convert as c
 from trainer.importers.kohya_report import Ctx, is_off
 from trainer.importers.kohya_table import Rule
@@ -170,9 +171,9 @@ def flow(ctx: Ctx) -> None:
 
 
 def _not_passed(key: str, family: str | None) -> str:
-    names = [FAMILY_NAMES[f] for f, keys in (("flux1", FLUX_ONLY), ("sd3", SD3_ONLY))
+    names = [label(f) for f, keys in (("flux1", FLUX_ONLY), ("sd3", SD3_ONLY))
              if key in keys or key in BOTH]
-    switch = " / ".join(k for k, f in SWITCHES.items() if FAMILY_NAMES[f] in names)
+    switch = " / ".join(k for k, f in SWITCHES.items() if label(f) in names)
     return f"a {' / '.join(names)} setting; kohya_ss passes it only with {switch}"
 
 
@@ -196,7 +197,7 @@ def _encoder_files(ctx: Ctx, family: str) -> None:
         other = "sd3" if family == "flux1" else "flux1"
         for key in by_family[other]:
             if key in ctx.data and key not in ctx.report.keys():
-                ctx.skip(key, f"the {FAMILY_NAMES[other]} file in this kohya_ss tab; kohya_ss "
+                ctx.skip(key, f"the {label(other)} file in this kohya_ss tab; kohya_ss "
                               f"passes it only with its switch")
 
 
@@ -256,8 +257,8 @@ def drop_ddpm_options(ctx: Ctx, family: str) -> None:
     """The DDPM options that the file set (mapped by the SD rules) are not read by sd-scripts'
     flow trainers: move them from the config to "not needed" (SD3's timestep range, which
     sd-scripts does read, is refused unless it is the full 0-1000)."""
-    name = FAMILY_NAMES[family]
-    targets = {f"training.{k}": off for k, off in DDPM_ONLY.items()}
+    name = label(family)
+    targets = objective_options("ddpm", "training")
     targets["model.prediction_type"] = None
     targets.update(SD_PROMPT_OPTIONS)
     for entry in list(ctx.report.mapped):

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from trainer.config import SECTIONS, OptimizerSection
-from trainer.config.rules import NETWORK_OPTIONS
+from trainer.config.rules.network import NETWORK_OPTIONS
 from trainer.importers import kohya_convert as c
 from trainer.importers.kohya_dylora import DYLORA_TYPES, dylora_network
 from trainer.importers.kohya_extra_table import optimizer_target

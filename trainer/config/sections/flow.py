@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from trainer.config.sections.base import Section, setting
+from trainer.config.sections.base import FLOW, Section, setting
 
-FLOW_FAMILIES = ("flux1", "sd3")
 FLOW_MODES = ("lora", "dreambooth")  # textual inversion is refused for these families
 TimestepSampling = Literal["sigma", "uniform", "sigmoid", "shift", "flux_shift"]
 # "uniform" is sd-scripts' default name for no weighting (its help says it behaves as "none")
@@ -23,7 +22,7 @@ PredictionType = Literal["raw", "additive", "sigma_scaled"]
 
 
 def _flow(default, help: str, **kw):
-    return setting(default, help, families=FLOW_FAMILIES, advanced=kw.pop("advanced", True),
+    return setting(default, help, families=FLOW, advanced=kw.pop("advanced", True),
                    modes=FLOW_MODES, **kw)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from trainer.config.sections.base import setting
+from trainer.config.sections.base import DDPM, setting
 from trainer.config.sections.training_parity import TrainingParity
 
 
@@ -76,68 +76,68 @@ class TrainingSection(TrainingParity):
         False, "Rescale the noise schedule to zero terminal SNR (Lin et al. 2024); for "
         "v-prediction models. Samples use the same schedule.", advanced=True,
         label="Zero terminal SNR",
-        families=("sd1", "sd2", "sdxl"),
+        families=DDPM,
     )
     noise_offset: Optional[float] = setting(
         None, "Noise offset (Guttenberg 2023): lets the model learn darker and brighter images.",
         advanced=True, ge=0, le=1,
         label="Noise offset",
-        families=("sd1", "sd2", "sdxl"),
+        families=DDPM,
     )
     min_snr_gamma: Optional[float] = setting(
         None, "Min-SNR loss weighting gamma (Hang et al. 2023); 5 is the paper's value.",
         advanced=True, gt=0, le=100,
         label="Min-SNR gamma",
-        families=("sd1", "sd2", "sdxl"),
+        families=DDPM,
     )
     noise_offset_random_strength: bool = setting(
         False, "Draw the noise offset's strength uniformly between 0 and noise_offset for "
         "every batch (sd-scripts' option of the same name).", advanced=True,
         label="Random noise-offset strength",
-        families=("sd1", "sd2", "sdxl"),
+        families=DDPM,
     )
     adaptive_noise_scale: Optional[float] = setting(
         None, "Add this times the absolute mean of each latent channel to the noise offset "
         "(needs noise_offset; sd-scripts' option of the same name).", advanced=True,
         ge=-1, le=1,
         label="Adaptive noise scale",
-        families=("sd1", "sd2", "sdxl"),
+        families=DDPM,
     )
     multires_noise_iterations: Optional[int] = setting(
         None, "Multi-resolution (pyramid) noise with this many levels (6-10 is usual; "
         "Whitaker 2023); unset: plain Gaussian noise.", advanced=True, ge=1, le=64,
         label="Multires noise iterations",
-        families=("sd1", "sd2", "sdxl"),
+        families=DDPM,
     )
     multires_noise_discount: float = setting(
         0.3, "Weight decay per level of the multires noise (only with "
         "multires_noise_iterations).", advanced=True, ge=0, le=1,
         label="Multires noise discount",
-        families=("sd1", "sd2", "sdxl"),
+        families=DDPM,
     )
     min_timestep: Optional[int] = setting(
         None, "Draw training timesteps from this one up (unset: 0).", advanced=True,
         ge=0, le=999,
         label="Minimum timestep",
-        families=("sd1", "sd2", "sdxl"),
+        families=DDPM,
     )
     max_timestep: Optional[int] = setting(
         None, "Draw training timesteps below this one (exclusive; unset: the schedule's "
         "length, 1000).", advanced=True, ge=1, le=1000,
         label="Maximum timestep",
-        families=("sd1", "sd2", "sdxl"),
+        families=DDPM,
     )
     debiased_estimation_loss: bool = setting(
         False, "Weight the loss by 1/sqrt(SNR) (1/(SNR+1) for v-prediction), Yu et al. 2023; "
         "sd-scripts' option of the same name.", advanced=True,
         label="Debiased estimation loss",
-        families=("sd1", "sd2", "sdxl"),
+        families=DDPM,
     )
     scale_v_pred_loss_like_noise_pred: bool = setting(
         False, "v-prediction only: scale the loss by SNR/(SNR+1) so that it weighs timesteps "
         "like an epsilon-prediction loss.", advanced=True,
         label="Scale v-prediction loss like noise prediction",
-        families=("sd1", "sd2", "sdxl"),
+        families=DDPM,
     )
     loss_type: Literal["l2", "huber", "smooth_l1", "l1"] = setting(
         "l2", "Loss function: l2 (mean squared error), l1, or the scheduled pseudo-Huber "

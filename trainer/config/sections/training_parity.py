@@ -7,27 +7,25 @@ from __future__ import annotations
 
 from typing import Optional
 
-from trainer.config.sections.base import Section, setting
-
-_SD = ("sd1", "sd2", "sdxl")
+from trainer.config.sections.base import DDPM, Section, setting
 
 
 class TrainingParity(Section):
     ip_noise_gamma: Optional[float] = setting(
         None, "Input-perturbation noise (Ning et al. 2023): the noisy latents get this much "
         "extra Gaussian noise that the target does not contain; 0.1 is the paper's value "
-        "(sd-scripts' --ip_noise_gamma).", advanced=True, gt=0, le=1, families=_SD,
+        "(sd-scripts' --ip_noise_gamma).", advanced=True, gt=0, le=1, families=DDPM,
         label="Input-perturbation noise gamma",
     )
     ip_noise_gamma_random_strength: bool = setting(
         False, "Draw the input-perturbation strength uniformly between 0 and ip_noise_gamma "
-        "for every batch (sd-scripts' option of the same name).", advanced=True, families=_SD,
+        "for every batch (sd-scripts' option of the same name).", advanced=True, families=DDPM,
         label="Random input-perturbation strength",
     )
     v_pred_like_loss: Optional[float] = setting(
         None, "Add this times a v-prediction-like loss: each image's loss times "
         "(1 + this x (SNR+1)/SNR) (sd-scripts' --v_pred_like_loss).", advanced=True, gt=0,
-        le=10, families=_SD,
+        le=10, families=DDPM,
         label="v-prediction-like loss",
     )
     log_tracker_name: Optional[str] = setting(
