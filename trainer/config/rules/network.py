@@ -3,7 +3,7 @@
 :func:`problems`: an option that the chosen ``network.network_type`` does not read
 (``NETWORK_OPTIONS``) and the LyCORIS preset's (:mod:`trainer.config.rules.lycoris`).
 :func:`network_extra_problems`: LoRA+, block-wise rates and ranks, ``network_weights`` and DyLoRA
-(:mod:`trainer.config.sections.network_extra`); the section's validator checks what does not
+(:mod:`trainer.config.sections.lora`); the section's validator checks what does not
 depend on the model family at load, :func:`trainer.config.rules.family.family_problems` (at load
 for a named family, and in the run once a model given by path is detected) the rest.
 """

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Literal, Optional
 
 from trainer.config.sections.base import FLOW, SECOND_CLIP, UNET, Section, setting
-from trainer.config.sections.network_extra import NetworkExtras
+from trainer.config.sections.lora import LoraOptions
 from trainer.config.sections.network_lycoris import NetworkLycoris
 
 NetworkType = Literal["lora", "locon", "loha", "lokr", "ia3", "dora", "glora", "boft",
@@ -129,8 +129,8 @@ class NetworkCore(Section):
 
 
 
-class NetworkSection(NetworkLycoris, NetworkExtras, NetworkCore):
-    """[network]: the fields above, then sd-scripts' further LoRA options (network_extra.py)."""
+class NetworkSection(NetworkLycoris, LoraOptions, NetworkCore):
+    """[network]: the fields above, then sd-scripts' further LoRA options (lora.py)."""
 
 
 # sd-scripts' --optimizer_type spellings; trainer/optim/optimizers.py builds each.

@@ -7,8 +7,8 @@ from typing import Literal, Optional
 from pydantic import model_validator
 
 from trainer.config.sections.base import Section, setting
-from trainer.config.sections.saving_hub import SavingHub
-from trainer.config.sections.saving_parity import SavingParity
+from trainer.config.sections.ema import SavingEMA
+from trainer.config.sections.hub import HubUpload
 
 
 class SamplingSection(Section):
@@ -48,7 +48,7 @@ class SamplingSection(Section):
                                le=2**32 - 1, label="Sample seed")
 
 
-class SavingSection(SavingParity, SavingHub):
+class SavingSection(SavingEMA, HubUpload):
     output_dir: str = setting("output", "Folder that receives the trained files.", widget="dir",
                               label="Output folder")
     output_name: str = setting(
@@ -113,6 +113,16 @@ class SavingSection(SavingParity, SavingHub):
     metadata_license: Optional[str] = setting(
         None, "License in the file's metadata.", advanced=True,
         label="License",
+    )
+    training_comment: Optional[str] = setting(
+        None, "A comment written into the saved file's metadata (ss_training_comment, as "
+        "sd-scripts' --training_comment).", advanced=True,
+        label="Training comment",
+    )
+    metadata_tags: Optional[str] = setting(
+        None, "Comma-separated tags of the model, in the saved file's metadata "
+        "(modelspec.tags, as sd-scripts' --metadata_tags).", advanced=True,
+        label="Metadata tags",
     )
 
     @model_validator(mode="after")

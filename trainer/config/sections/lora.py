@@ -19,7 +19,7 @@ def _lora_setting(default, help: str, label: str, families=None, **bounds):
                    families=families, **bounds)
 
 
-class NetworkExtras(Section):
+class LoraOptions(Section):
     loraplus_lr_ratio: Optional[float] = _lora_setting(
         None, "LoRA+ (Hayou et al. 2024, sd-scripts' loraplus_lr_ratio): the B (lora_up) "
         "matrices learn at this many times the rate of the A matrices; 16 is the paper's "

@@ -1,7 +1,7 @@
-"""[dataset] caption settings of sd-scripts that came with issue 21 (a module of their own so that
-dataset.py stays short): weighted captions, captions of 150 / 225 tokens, dropping every caption
-every N epochs, and unpadded text-encoder input. The encoding is trainer/families/sd/long_prompts.py
-and weighted_prompts.py; the dropout trainer/data/captions.py."""
+"""[dataset] options of how captions reach the SD families' CLIP text encoders (sd-scripts'):
+weighted captions, captions of 150 / 225 tokens, unpadded token ids, and dropping every caption
+every N epochs. The encoding is trainer/families/sd/long_prompts.py and weighted_prompts.py; the
+dropout trainer/data/captions.py."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from typing import Literal, Optional
 from trainer.config.sections.base import DDPM, Section, setting
 
 
-class DatasetParity(Section):
+class CaptionOptions(Section):
+    """The caption options, mixed into :class:`trainer.config.sections.dataset.DatasetSection`."""
+
     weighted_captions: bool = setting(
         False, "Read '(word:1.2)', '(word)' (x1.1) and '[word]' (/1.1) in captions as weights "
         "of those tokens' text-encoder outputs (sd-scripts' --weighted_captions); '\\(' is a "
@@ -31,10 +33,4 @@ class DatasetParity(Section):
         False, "Pad a batch's token ids only to its longest caption instead of to 77 (sd-scripts' "
         "--no_token_padding, diffusers' DreamBooth); the text-encoder cache is then off.",
         advanced=True, families=DDPM, label="No token padding",
-    )
-    color_aug: bool = setting(
-        False, "Colour augmentation as sd-scripts' --color_aug does it: a third of the samples "
-        "get a hue shift of up to 16 degrees or a gamma of 0.95-1.05, drawn every step; the "
-        "pixels change, so dataset.cache_latents must be off.", advanced=True,
-        label="Colour augmentation",
     )
