@@ -4,6 +4,7 @@ import pytest
 
 from trainer.config import TrainConfig
 from trainer.config.rules.family import family_problems, hinted, known_family
+from trainer.families import spec
 
 FLUX = {"pretrained_model_name_or_path": "embedded:tiny-flux"}
 SD3 = {"pretrained_model_name_or_path": "embedded:tiny-sd3"}
@@ -141,3 +142,18 @@ def test_the_model_versions_and_the_hints_come_from_the_registry():
     assert hints["training.ip_noise_gamma"] == names(objective="ddpm")
     assert hints["flow.guidance_scale"] == names(objective="flow")
     assert hints["network.block_dims"] == names(denoiser="unet")
+
+
+def test_a_familys_own_refusals_and_lora_blocks_live_in_its_folder():
+    from trainer.config.lora_blocks import BLOCK_COUNTS, block_index
+    from trainer.families import role
+
+    assert BLOCK_COUNTS == {"sd1": (12, 1, 25), "sd2": (12, 1, 25), "sdxl": (9, 3, 23)}
+    assert block_index("lora_unet_input_blocks_4_1_proj_in", "sdxl") == 5
+    assert block_index("lora_unet_up_blocks_1_attentions_2_proj_in", "sd2") == 18
+    assert block_index("lora_unet_double_blocks_0_img_attn_qkv", "flux1") == -1
+    cfg = config(model={"pretrained_model_name_or_path": "/m.safetensors"},
+                 training={"mixed_precision": "fp16"})
+    assert role("flux1", "rules").problems(cfg, spec("flux1"))[0].startswith(
+        "training.mixed_precision = 'fp16' cannot train FLUX.1")
+    assert role("sd3", "rules").problems(cfg, spec("sd3")) == []
