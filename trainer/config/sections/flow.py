@@ -5,7 +5,8 @@ a kohya_ss config keeps its values. The defaults are the values that work, which
 sd-scripts' own: its docs (docs/flux_train_network.md) advise ``flux_shift`` (or ``shift`` with
 3.1582), ``raw`` and guidance 1.0 for FLUX.1-dev, while its argparse defaults are ``sigma``,
 ``sigma_scaled`` and 3.5; each help text names sd-scripts' default. These settings are read only
-when the base model is of a flow family; the GUI shows them only then.
+when the base model is of a flow family: the GUI shows them only then, and a config of another
+family that changes one is refused.
 """
 
 from __future__ import annotations
