@@ -98,6 +98,9 @@ def test_a_checkpoint_of_unknown_family_is_checked_once_loaded():
     # an optimizer option
     ({}, {"optimizer": {"text_encoder_2_lr": 1e-5}},
      "optimizer.text_encoder_2_lr is set but SD 1.x does not read it"),
+    # a sampling option (the flow families' pipelines bring their own scheduler)
+    (FLUX, {"sampling": {"sample_sampler": "ddim"}},
+     "sampling.sample_sampler is set but FLUX.1 does not read it .*set it back to 'euler_a'"),
     # dataset caption options
     (FLUX, {"dataset": {"weighted_captions": True}},
      "dataset.weighted_captions is set but FLUX.1 does not read it"),

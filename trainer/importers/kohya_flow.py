@@ -258,7 +258,7 @@ def drop_ddpm_options(ctx: Ctx, family: str) -> None:
     flow trainers: move them from the config to "not needed" (SD3's timestep range, which
     sd-scripts does read, is refused unless it is the full 0-1000)."""
     name = label(family)
-    targets = objective_options("ddpm", "training")
+    targets = {**objective_options("ddpm", "training"), **objective_options("ddpm", "sampling")}
     targets["model.prediction_type"] = None
     targets.update(SD_PROMPT_OPTIONS)
     for entry in list(ctx.report.mapped):

@@ -6,7 +6,7 @@ from typing import Literal, Optional
 
 from pydantic import model_validator
 
-from trainer.config.sections.base import Section, setting
+from trainer.config.sections.base import DDPM, Section, setting
 from trainer.config.sections.ema import SavingEMA
 from trainer.config.sections.hub import HubUpload
 
@@ -35,7 +35,8 @@ class SamplingSection(Section):
     sample_sampler: Literal["ddim", "pndm", "lms", "euler", "euler_a", "heun", "dpm_2",
                             "dpm_2_a", "dpmsolver", "dpmsolver++", "dpmsingle"] = setting(
         "euler_a", "Sampler of the sample images (sd-scripts' names; k_euler etc. are the "
-        "same samplers); a prompt's --ss overrides it.", advanced=True,
+        "same samplers); a prompt's --ss overrides it. The flow families sample with their "
+        "pipeline's flow-matching scheduler.", advanced=True, families=DDPM,
         label="Sampler",
     )
     sample_steps: int = setting(20, "Denoising steps per sample image.", advanced=True, ge=1,
