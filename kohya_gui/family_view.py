@@ -7,7 +7,7 @@ of them, and hides a section (or its "Advanced" part) that is left with nothing 
 family comes from, first match:
 
 - ``model.model_version`` when it is not ``auto``, and the embedded models (the config's own
-  rule, ``trainer.config.family_rules.known_family``);
+  rule, ``trainer.config.rules.family.known_family``);
 - a diffusers folder or a ``.safetensors`` file: the loader's own detection
   (``trainer.families.detect_path``: ``model_index.json``, or the header's key names and
   shapes), which reads no weight and imports no torch.
@@ -31,7 +31,7 @@ from typing import Any, Optional
 
 from kohya_gui.fields import Form, search, to_widget
 from trainer.config import iter_fields, ui_hints
-from trainer.config.family_rules import known_family
+from trainer.config.rules.family import known_family
 
 MODEL_PATH = "model.pretrained_model_name_or_path"
 MODEL_VERSION = "model.model_version"

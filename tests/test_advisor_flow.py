@@ -189,7 +189,7 @@ def test_the_step_time_counts_the_configured_t5_length(family, blocks):
     clip = 0 if family == "flux1" else 77
     flop = {}
     for length in (None, 128):
-        cfg = from_dict({"model": {"t5xxl_max_token_length": length},
+        cfg = from_dict({"model": {"t5xxl_max_token_length": length, "model_version": family},
                          "network": {"network_dim": 4}})
         flop[length] = flow_timing(config, cfg, CARD_16GB, "bf16", (512, 512),
                                    option).tflop_per_step

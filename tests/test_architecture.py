@@ -345,7 +345,7 @@ def test_torch_in_a_detect_role_is_found(tree):
 
 
 def test_torch_in_the_config_is_found(tree):
-    append(tree / "trainer/config/rules.py", "def later():\n    import torch  # noqa\n")
+    append(tree / "trainer/config/rules/__init__.py", "def later():\n    import torch  # noqa\n")
     assert heavy_config_imports(tree) == ["trainer.config.rules imports torch"]
 
 

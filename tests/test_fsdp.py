@@ -14,7 +14,7 @@ from PIL import Image
 from safetensors.torch import load_file
 from train_helpers import small_config
 
-from trainer.config.distributed_rules import FSDP_OPTIMIZERS
+from trainer.config.rules.distributed import FSDP_OPTIMIZERS
 from trainer.events import Checkpoint, ListSink, Sample, Step, Validation
 from trainer.run import launch
 from trainer.run.fsdp import units

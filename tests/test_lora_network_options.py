@@ -148,7 +148,7 @@ def test_refused_at_load(network, message):
 
 
 def test_flow_families_refuse_block_settings():
-    with pytest.raises(ValueError, match="SD families"):
+    with pytest.raises(ValueError, match="network.block_dims is set but FLUX.1 does not read"):
         TrainConfig(model={"pretrained_model_name_or_path": "embedded:tiny-flux"},
                     network={"block_dims": [4] * 25})
 

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from test_lycoris_oft import reloaded, trained
 from train_helpers import small_config
 
-from trainer.config.lycoris_rules import PRESETS_WITHOUT_CONV, PRESETS_WITHOUT_TEXT_ENCODER
+from trainer.config.rules.lycoris import PRESETS_WITHOUT_CONV, PRESETS_WITHOUT_TEXT_ENCODER
 from trainer.config.sections.network_lycoris import LycorisPreset
 from trainer.methods.lycoris import LycorisMethod
 from trainer.methods.lycoris_presets import sd_preset, trains_text_encoder

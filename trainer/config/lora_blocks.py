@@ -3,31 +3,34 @@ learning-rate weights (``down_lr_weight`` / ``mid_lr_weight`` / ``up_lr_weight``
 shapes and ``+N`` offsets, ``block_lr_zero_threshold``) and per-block ranks and alphas
 (``block_dims`` / ``block_alphas``, ``conv_block_dims`` / ``conv_block_alphas``).
 
-The blocks (sd-scripts' ``get_block_index``), on the kohya module name:
-
-- SD 1.x / 2.x, 25 blocks: 0 is ``conv_in`` (no LoRA); ``down_blocks_i_{resnets,attentions}_j``
-  is ``1 + 3i + j`` and ``down_blocks_i_downsamplers`` ``1 + 3i + 2``; ``mid_block`` is 12;
-  ``up_blocks_i_..._j`` is ``13 + 3i + j`` (upsamplers ``13 + 3i + 2``).
-- SDXL, 23 blocks, on the SGM names: 0 ``time_embed`` / ``label_emb``, ``input_blocks_n`` is
-  ``1 + n``, ``middle_block_n`` ``10 + n``, ``output_blocks_n`` ``13 + n``, 22 ``out``.
-
-The lr weights are 12 (SDXL 9) down, 1 (SDXL 3) mid and 12 (9) up; SDXL adds 1.0 for its
-first and last block. A weight at or under the threshold is 0, and a block whose weight is 0
-gets no LoRA at all (its dims become 0), as in sd-scripts. Pure functions, no torch: the config
-checks them at load and the LoRA method builds the network from them.
+The blocks (sd-scripts' ``get_block_index``) are a family's own: its ``rules`` role
+(trainer/families/<folder>/rules.py) holds ``LORA_BLOCKS`` (the down/up and mid lr weights and
+the blocks: SD 1.x / 2.x 12, 1, 25; SDXL 9, 3, 23) and ``lora_block_index`` (a module's block
+from its kohya name); a family without them has no block-wise LoRA. Blocks beyond the lr
+weights (SDXL's first and last) take weight 1.0. A weight at or under the threshold is 0,
+and a block whose weight is 0 gets no LoRA at all (its dims become 0), as in sd-scripts. Pure
+functions, no torch: the config checks them at load and the LoRA method builds the network
+from them.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from typing import Any, Optional
 
+from trainer.families import FAMILIES, role
+
 SHAPES = ("cosine", "sine", "linear", "reverse_linear", "zeros")
-# family -> (down/up weights, mid weights, total blocks)
-BLOCK_COUNTS = {"sd1": (12, 1, 25), "sd2": (12, 1, 25), "sdxl": (9, 3, 23)}
-_SD_UPDOWN = re.compile(r"(up|down)_blocks_(\d+)_(resnets|upsamplers|downsamplers|attentions)_"
-                        r"(\d+)_")
+
+
+def lora_blocks(family: Optional[str]) -> Optional[tuple[int, int, int]]:
+    """(down/up lr weights, mid lr weights, blocks) of ``family``'s UNet; None: no blocks."""
+    rules = role(family, "rules") if family in FAMILIES else None
+    return getattr(rules, "LORA_BLOCKS", None)
+
+
+# family -> (down/up weights, mid weights, total blocks), for the families that have blocks
+BLOCK_COUNTS = {name: lora_blocks(name) for name in FAMILIES if lora_blocks(name)}
 LR_KEYS = ("down_lr_weight", "mid_lr_weight", "up_lr_weight")
 DIM_KEYS = ("block_dims", "block_alphas", "conv_block_dims", "conv_block_alphas")
 
@@ -73,14 +76,15 @@ def block_lr_weights(net: Any, family: str) -> Optional[list[float]]:
     """The per-block learning-rate factors (25 or 23), or None when no lr weight is set."""
     if all(getattr(net, key) is None for key in LR_KEYS):
         return None
-    side, mid_n, _ = BLOCK_COUNTS[family]
+    side, mid_n, total = BLOCK_COUNTS[family]
     threshold = net.block_lr_zero_threshold or 0.0
     parts = []
     for key, n in (("down_lr_weight", side), ("mid_lr_weight", mid_n), ("up_lr_weight", side)):
         text = getattr(net, key)
         weights = [1.0] * n if text is None else parse_weights(text, n, key != "mid_lr_weight")
         parts += [w if (text is None or w > threshold) else 0.0 for w in weights]
-    return [1.0, *parts, 1.0] if family == "sdxl" else parts
+    pad = [1.0] * ((total - len(parts)) // 2)
+    return [*pad, *parts, *pad]
 
 
 def block_ranks(net: Any, family: str) -> Optional[dict[str, list[float]]]:
@@ -111,20 +115,8 @@ def block_ranks(net: Any, family: str) -> Optional[dict[str, list[float]]]:
 
 def block_index(kohya_name: str, family: str) -> int:
     """sd-scripts' block of a UNet module, from its kohya name (``lora_unet_...``); -1: none."""
-    if family == "sdxl":
-        name = kohya_name.removeprefix("lora_unet_")
-        for start, first in (("input_blocks_", 1), ("middle_block_", 10),
-                             ("output_blocks_", 13)):
-            if name.startswith(start):
-                return first + int(name.split("_")[2])
-        return 0 if name.startswith(("time_embed_", "label_emb_")) else (
-            22 if name.startswith("out_") else -1)
-    match = _SD_UPDOWN.search(kohya_name)
-    if match:
-        side, i, kind, j = match.groups()
-        idx = 3 * int(i) + (2 if kind in ("upsamplers", "downsamplers") else int(j))
-        return 1 + idx if side == "down" else 13 + idx
-    return 12 if "mid_block_" in kohya_name else -1
+    rules = role(family, "rules") if family in BLOCK_COUNTS else None
+    return rules.lora_block_index(kohya_name) if rules is not None else -1
 
 
 def block_problems(net: Any, family: Optional[str]) -> list[str]:

@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from trainer.config.sections import SECTIONS  # noqa: F401
 from trainer.config.sections.base import (  # noqa: F401 - the schema's public names
     EMBEDDED_DATASET,
     EMBEDDED_FLUX,
@@ -40,17 +41,6 @@ from trainer.config.sections.optimizer import (  # noqa: F401
 )
 from trainer.config.sections.outputs import SamplingSection, SavingSection
 from trainer.config.sections.training import TrainingSection
-
-SECTIONS: dict[str, type[Section]] = {
-    "model": ModelSection,
-    "dataset": DatasetSection,
-    "network": NetworkSection,
-    "optimizer": OptimizerSection,
-    "training": TrainingSection,
-    "flow": FlowSection,
-    "sampling": SamplingSection,
-    "saving": SavingSection,
-}
 
 
 class TrainConfig(BaseModel):
@@ -80,9 +70,9 @@ class TrainConfig(BaseModel):
             )
         if self.network.conv_alpha is not None and self.network.conv_dim is None:
             raise ValueError("network.conv_alpha is set but network.conv_dim is not: set both")
-        from trainer.config.rules import mode_checks
+        from trainer.config.rules import check
 
-        mode_checks(self)
+        check(self)
         return self
 
 

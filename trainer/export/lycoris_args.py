@@ -36,7 +36,7 @@ def conv_rank(net: Any) -> tuple[int, float]:
 def lycoris_network_args(cfg: Any) -> dict[str, str]:
     """``ss_network_args``: the ``network_args`` that make ``lycoris.kohya`` build this network
     (algo, conv_dim/conv_alpha as resolved, and the options the algorithm reads)."""
-    from trainer.config.rules import NETWORK_OPTIONS
+    from trainer.config.rules.network import NETWORK_OPTIONS
 
     net = cfg.network
     algo, extra = ALGOS[net.network_type]

@@ -22,7 +22,7 @@ this way, and so does this module:
 The draw uses torch's generator, so gradient checkpointing's re-run of a forward (which restores
 torch's random state) draws the same block, and a resumed run draws what an unbroken one would.
 The convolutions of ``conv_dim`` (which must equal ``network_dim``) train at ``network_alpha``,
-as in sd-scripts (trainer/config/dylora_rules.py refuses what DyLoRA cannot do).
+as in sd-scripts (trainer/config/rules/dylora.py refuses what DyLoRA cannot do).
 """
 
 from __future__ import annotations

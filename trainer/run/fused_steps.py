@@ -11,7 +11,7 @@ changes), and a chunk is stepped when the last of its gradients is in.
 
 sd-scripts builds one optimizer per chunk; here one optimizer keeps the state, the schedule
 and the saved training state as in a normal run, and a hook steps it on its chunk alone (its
-groups' ``params`` narrowed for that call). For the optimizers that trainer/config/fused_rules.py
+groups' ``params`` narrowed for that call). For the optimizers that trainer/config/rules/fused.py
 lets through (each tensor updated from its own gradient and state) that is the same update as
 the whole step. The loop's ``optimizer.step()`` steps what the hooks could not (a chunk with a
 parameter that got no gradient, e.g. a text-encoder layer past clip_skip) and checks the

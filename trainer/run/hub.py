@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
-from trainer.config.hub_rules import parse_resume  # the Hub form, checked at load
+from trainer.config.rules.hub import parse_resume  # the Hub form, checked at load
 
 Log = Callable[..., None]
 

@@ -163,13 +163,13 @@ def _device(s: Session, out: Reporter) -> None:
 
 
 class FamilyMismatch(ValueError):
-    """A setting that the loaded model's family cannot use (trainer/config/family_rules.py)."""
+    """A setting that the loaded model's family cannot use (trainer/config/rules/family.py)."""
 
 
 def _check_family(s: Session) -> None:
     """The config's family checks again with the detected family and the resolved precision:
     a checkpoint given by path names no family until it is read."""
-    from trainer.config.family_rules import family_problems
+    from trainer.config.rules.family import family_problems
 
     problems = family_problems(s.cfg, s.model.version, s.precision)
     if problems:

@@ -7,6 +7,8 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from trainer.families import names, spec
+
 SCHEMA_VERSION = 1
 
 MODES = ("lora", "dreambooth", "textual_inversion")
@@ -17,8 +19,13 @@ EMBEDDED_MODEL = "embedded:tiny-sd15"
 EMBEDDED_SDXL = "embedded:tiny-sdxl"
 EMBEDDED_FLUX = "embedded:tiny-flux"
 EMBEDDED_SD3 = "embedded:tiny-sd3"
-# The families the schema names (model.model_version and the GUI's family hints)
-FAMILIES = ("sd1", "sd2", "sdxl", "flux1", "sd3")
+# The families the schema names (model.model_version and the ``families`` hints), from the
+# registry; the hints name a group by what its families share
+FAMILIES = names()
+DDPM = names(objective="ddpm")  # the DDPM noise and loss options
+FLOW = names(objective="flow")  # the [flow] section, T5
+UNET = names(denoiser="unet")  # the UNet's blocks and convolutions
+SECOND_CLIP = tuple(n for n in FAMILIES if "clip_g" in spec(n).text_encoders)  # CLIP-G
 EMBEDDED_DATASET = "embedded:sample-dataset"
 
 
@@ -35,7 +42,9 @@ def setting(
 ) -> Any:
     """A schema field: default, bounds (ge/gt/le/lt), help and UI hints (the label people
     read, modes, advanced, widget, and ``families``: the model families that read it, unset
-    for all) in one place."""
+    for all) in one place. ``families`` is the only declaration of which families read a
+    setting: the GUI hides it for the others, and a config that gives it another value than its
+    default for a family outside it is refused (:mod:`trainer.config.rules.family`)."""
     for mode in modes:
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}")

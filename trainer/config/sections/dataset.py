@@ -7,11 +7,11 @@ from typing import Optional
 from pydantic import field_validator, model_validator
 
 from trainer.config.sections.base import EMBEDDED_DATASET, setting
-from trainer.config.sections.dataset_parity import DatasetParity
+from trainer.config.sections.captions import CaptionOptions
 from trainer.config.sections.resolution import Resolution, check_resolution
 
 
-class DatasetSection(DatasetParity):
+class DatasetSection(CaptionOptions):
     train_data_dir: str = setting(
         EMBEDDED_DATASET,
         "Folder of N_concept subfolders (N = repeats) with images and caption files.",
@@ -87,6 +87,12 @@ class DatasetSection(DatasetParity):
     )
     flip_aug: bool = setting(False, "Also train on horizontally flipped images.", advanced=True,
                              label="Horizontal flip augmentation")
+    color_aug: bool = setting(
+        False, "Colour augmentation as sd-scripts' --color_aug does it: a third of the samples "
+        "get a hue shift of up to 16 degrees or a gamma of 0.95-1.05, drawn every step; the "
+        "pixels change, so dataset.cache_latents must be off.", advanced=True,
+        label="Colour augmentation",
+    )
     alpha_mask: bool = setting(
         False, "With training.masked_loss: the loss mask is each image's alpha channel "
         "(transparent = not trained; an image without alpha trains everywhere).", advanced=True,

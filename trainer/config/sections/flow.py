@@ -5,16 +5,16 @@ a kohya_ss config keeps its values. The defaults are the values that work, which
 sd-scripts' own: its docs (docs/flux_train_network.md) advise ``flux_shift`` (or ``shift`` with
 3.1582), ``raw`` and guidance 1.0 for FLUX.1-dev, while its argparse defaults are ``sigma``,
 ``sigma_scaled`` and 3.5; each help text names sd-scripts' default. These settings are read only
-when the base model is of a flow family; the GUI shows them only then.
+when the base model is of a flow family: the GUI shows them only then, and a config of another
+family that changes one is refused.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from trainer.config.sections.base import Section, setting
+from trainer.config.sections.base import FLOW, Section, setting
 
-FLOW_FAMILIES = ("flux1", "sd3")
 FLOW_MODES = ("lora", "dreambooth")  # textual inversion is refused for these families
 TimestepSampling = Literal["sigma", "uniform", "sigmoid", "shift", "flux_shift"]
 # "uniform" is sd-scripts' default name for no weighting (its help says it behaves as "none")
@@ -23,7 +23,7 @@ PredictionType = Literal["raw", "additive", "sigma_scaled"]
 
 
 def _flow(default, help: str, **kw):
-    return setting(default, help, families=FLOW_FAMILIES, advanced=kw.pop("advanced", True),
+    return setting(default, help, families=FLOW, advanced=kw.pop("advanced", True),
                    modes=FLOW_MODES, **kw)
 
 

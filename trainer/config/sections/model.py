@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from trainer.config.sections.base import EMBEDDED_MODEL, Section, setting
+from trainer.config.sections.base import DDPM, EMBEDDED_MODEL, FAMILIES, FLOW, Section, setting
 from trainer.config.sections.flow import FLOW_MODES
+
+# "auto" or a family of the registry
+ModelVersion = Literal[("auto", *FAMILIES)]  # type: ignore[valid-type]
 
 
 class ModelSection(Section):
@@ -17,7 +20,7 @@ class ModelSection(Section):
         widget="dir",
         label="Base model",
     )
-    model_version: Literal["auto", "sd1", "sd2", "sdxl", "flux1", "sd3"] = setting(
+    model_version: ModelVersion = setting(
         "auto", "Architecture of the base model; auto reads it from the model's configs "
         "(flux1: FLUX.1 dev or schnell; sd3: SD 3 and 3.5).",
         advanced=True,
@@ -26,7 +29,7 @@ class ModelSection(Section):
     prediction_type: Optional[Literal["epsilon", "v_prediction"]] = setting(
         None, "Training target; unset takes the base model's scheduler setting.", advanced=True,
         label="Prediction type",
-        families=("sd1", "sd2", "sdxl"),
+        families=DDPM,
     )
     vae: Optional[str] = setting(
         None, "A different VAE (diffusers folder or file) instead of the model's own.",
@@ -39,7 +42,7 @@ class ModelSection(Section):
         "the penultimate layer, as sd-scripts and AUTOMATIC1111 do.",
         advanced=True, ge=1, le=12,
         label="CLIP skip",
-        families=("sd1", "sd2", "sdxl"),
+        families=DDPM,
     )
     tokenizer: Optional[str] = setting(
         None, "Tokenizer folder for a single-file model (the file holds none); unset looks "
@@ -59,7 +62,7 @@ class ModelSection(Section):
     clip_l: Optional[str] = setting(
         None, "FLUX.1 / SD 3.5: the CLIP-L text encoder file for a single file without it "
         "(sd-scripts' --clip_l).", advanced=True, widget="file",
-        families=("flux1", "sd3"), modes=FLOW_MODES, label="CLIP-L file")
+        families=FLOW, modes=FLOW_MODES, label="CLIP-L file")
     clip_g: Optional[str] = setting(
         None, "SD 3.5: the CLIP-G text encoder file for a single file without it "
         "(sd-scripts' --clip_g).", advanced=True, widget="file",
@@ -67,11 +70,11 @@ class ModelSection(Section):
     t5xxl: Optional[str] = setting(
         None, "FLUX.1 / SD 3.5: the T5-XXL text encoder file for a single file without it "
         "(sd-scripts' --t5xxl).", advanced=True, widget="file",
-        families=("flux1", "sd3"), modes=FLOW_MODES, label="T5-XXL file")
+        families=FLOW, modes=FLOW_MODES, label="T5-XXL file")
     t5xxl_max_token_length: Optional[int] = setting(
         None, "Tokens of T5 per caption; unset: 512 for FLUX.1-dev, 256 for schnell and "
         "SD 3.5 (sd-scripts' defaults).", advanced=True, ge=1, le=512,
-        families=("flux1", "sd3"), modes=FLOW_MODES, label="T5 max tokens")
+        families=FLOW, modes=FLOW_MODES, label="T5 max tokens")
     cache_as_diffusers: bool = setting(
         False, "Keep a diffusers copy of a single-file model in the studio's data folder, "
         "loaded faster next time; off writes nothing.", advanced=True,
@@ -88,4 +91,4 @@ class ModelSection(Section):
     fp8_text_encoders: bool = setting(
         False, "Store the frozen T5-XXL text encoder in fp8 too (FLUX.1 / SD 3.5: 4.8 GB "
         "instead of 9.5 GB), cast to the compute precision layer by layer.", advanced=True,
-        families=("flux1", "sd3"), label="fp8 T5 text encoder")
+        families=FLOW, label="fp8 T5 text encoder")

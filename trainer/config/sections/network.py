@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from trainer.config.sections.base import Section, setting
-from trainer.config.sections.network_extra import NetworkExtras
+from trainer.config.sections.base import FLOW, SECOND_CLIP, UNET, Section, setting
+from trainer.config.sections.lora import LoraOptions
 from trainer.config.sections.network_lycoris import NetworkLycoris
 
 NetworkType = Literal["lora", "locon", "loha", "lokr", "ia3", "dora", "glora", "boft",
@@ -28,7 +28,7 @@ class NetworkCore(Section):
     train_t5xxl: bool = setting(
         False, "FLUX.1 / SD 3.5: also train a LoRA on T5-XXL (with the text-encoder learning "
         "rate; needs network.train_text_encoder); its outputs then cannot be cached.",
-        modes=("lora",), advanced=True, families=("flux1", "sd3"), label="Train T5-XXL")
+        modes=("lora",), advanced=True, families=FLOW, label="Train T5-XXL")
     network_dim: int = setting(8, "LoRA rank.", modes=("lora",), ge=1, le=1024,
                                label="Network rank (dim)")
     network_alpha: float = setting(
@@ -42,12 +42,12 @@ class NetworkCore(Section):
     conv_dim: Optional[int] = setting(
         None, "Rank of LoRA on the 3x3 convolutions too (LoCon); unset: attention only for "
         "lora, network_dim for the LyCORIS types (as lycoris does).",
-        modes=("lora",), advanced=True, ge=1, le=1024,
+        modes=("lora",), advanced=True, ge=1, le=1024, families=UNET,
         label="Convolution rank (LoCon)",
     )
     conv_alpha: Optional[float] = setting(
         None, "Alpha of the convolution LoRA; unset uses conv_dim (LyCORIS: network_alpha).",
-        modes=("lora",), advanced=True, gt=0, le=4096,
+        modes=("lora",), advanced=True, gt=0, le=4096, families=UNET,
         label="Convolution alpha",
     )
     factor: Optional[int] = setting(
@@ -90,7 +90,7 @@ class NetworkCore(Section):
         None, "SDXL only: train the second text encoder (OpenCLIP bigG); unset follows "
         "train_text_encoder.", modes=("lora", "dreambooth"), advanced=True,
         label="Train SDXL's second text encoder",
-        families=("sdxl", "sd3"),
+        families=SECOND_CLIP,
     )
     stop_text_encoder_training: Optional[int] = setting(
         None, "Freeze the text encoder after this many steps (it trains until then).",
@@ -129,8 +129,8 @@ class NetworkCore(Section):
 
 
 
-class NetworkSection(NetworkLycoris, NetworkExtras, NetworkCore):
-    """[network]: the fields above, then sd-scripts' further LoRA options (network_extra.py)."""
+class NetworkSection(NetworkLycoris, LoraOptions, NetworkCore):
+    """[network]: the fields above, then sd-scripts' further LoRA options (lora.py)."""
 
 
 # sd-scripts' --optimizer_type spellings; trainer/optim/optimizers.py builds each.

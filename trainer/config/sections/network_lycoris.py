@@ -1,7 +1,7 @@
 """[network], continued: the options of the LyCORIS types that lycoris-lora 4.x reads beyond
 the rank (the OFT constraint and rescaling, the target preset, bypass mode), mixed into
 :class:`trainer.config.sections.network.NetworkSection`. Which network types read each is
-``NETWORK_OPTIONS`` in :mod:`trainer.config.rules`."""
+``NETWORK_OPTIONS`` in :mod:`trainer.config.rules.network`."""
 
 from __future__ import annotations
 

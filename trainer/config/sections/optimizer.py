@@ -6,7 +6,7 @@ from typing import Annotated, Literal, Optional, Union
 
 from pydantic import Field
 
-from trainer.config.sections.base import Section, setting
+from trainer.config.sections.base import SECOND_CLIP, Section, setting
 
 OptimizerName = Literal[
     "AdamW", "AdamW8bit", "PagedAdamW8bit", "PagedAdamW", "PagedAdamW32bit", "Lion", "Lion8bit",
@@ -45,7 +45,7 @@ class OptimizerSection(Section):
         None, "SDXL only: learning rate of the second text encoder; unset uses "
         "text_encoder_lr.", modes=("lora", "dreambooth"), advanced=True, gt=0, le=10,
         label="Second text-encoder learning rate",
-        families=("sdxl", "sd3"),
+        families=SECOND_CLIP,
     )
     block_lr: Optional[list[Annotated[float, Field(ge=0, le=10)]]] = setting(
         None, "SDXL DreamBooth: a learning rate for each of the UNet's 23 blocks as sd-scripts' "

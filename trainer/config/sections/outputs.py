@@ -6,9 +6,9 @@ from typing import Literal, Optional
 
 from pydantic import model_validator
 
-from trainer.config.sections.base import Section, setting
-from trainer.config.sections.saving_hub import SavingHub
-from trainer.config.sections.saving_parity import SavingParity
+from trainer.config.sections.base import DDPM, Section, setting
+from trainer.config.sections.ema import SavingEMA
+from trainer.config.sections.hub import HubUpload
 
 
 class SamplingSection(Section):
@@ -35,7 +35,8 @@ class SamplingSection(Section):
     sample_sampler: Literal["ddim", "pndm", "lms", "euler", "euler_a", "heun", "dpm_2",
                             "dpm_2_a", "dpmsolver", "dpmsolver++", "dpmsingle"] = setting(
         "euler_a", "Sampler of the sample images (sd-scripts' names; k_euler etc. are the "
-        "same samplers); a prompt's --ss overrides it.", advanced=True,
+        "same samplers); a prompt's --ss overrides it. The flow families sample with their "
+        "pipeline's flow-matching scheduler.", advanced=True, families=DDPM,
         label="Sampler",
     )
     sample_steps: int = setting(20, "Denoising steps per sample image.", advanced=True, ge=1,
@@ -48,7 +49,7 @@ class SamplingSection(Section):
                                le=2**32 - 1, label="Sample seed")
 
 
-class SavingSection(SavingParity, SavingHub):
+class SavingSection(SavingEMA, HubUpload):
     output_dir: str = setting("output", "Folder that receives the trained files.", widget="dir",
                               label="Output folder")
     output_name: str = setting(
@@ -113,6 +114,16 @@ class SavingSection(SavingParity, SavingHub):
     metadata_license: Optional[str] = setting(
         None, "License in the file's metadata.", advanced=True,
         label="License",
+    )
+    training_comment: Optional[str] = setting(
+        None, "A comment written into the saved file's metadata (ss_training_comment, as "
+        "sd-scripts' --training_comment).", advanced=True,
+        label="Training comment",
+    )
+    metadata_tags: Optional[str] = setting(
+        None, "Comma-separated tags of the model, in the saved file's metadata "
+        "(modelspec.tags, as sd-scripts' --metadata_tags).", advanced=True,
+        label="Metadata tags",
     )
 
     @model_validator(mode="after")

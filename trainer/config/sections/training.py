@@ -1,14 +1,18 @@
-"""[training]: length, batch, precision, noise and loss."""
+"""[training]: length, batch, precision, resume, compile and seed; the noise, loss, tracker
+and EMA options are their own modules' (noise.py, loss.py, trackers.py, ema.py)."""
 
 from __future__ import annotations
 
 from typing import Literal, Optional
 
-from trainer.config.sections.base import setting
-from trainer.config.sections.training_parity import TrainingParity
+from trainer.config.sections.base import Section, setting
+from trainer.config.sections.ema import TrainingEMA
+from trainer.config.sections.loss import LossOptions
+from trainer.config.sections.noise import NoiseOptions
+from trainer.config.sections.trackers import Trackers
 
 
-class TrainingSection(TrainingParity):
+class TrainingCore(Section):
     max_train_epochs: Optional[int] = setting(
         None, "Train this many epochs; with neither this nor max_train_steps set, one epoch.",
         ge=1, le=100000,
@@ -49,6 +53,11 @@ class TrainingSection(TrainingParity):
         advanced=True,
         label="Full bf16 weights",
     )
+    full_fp16: bool = setting(
+        False, "Keep the trained weights in fp16 too, with the loss scaler of fp16 mixed "
+        "precision unscaling fp16 gradients (sd-scripts' --full_fp16); needs mixed_precision "
+        "= 'fp16' and a CUDA / ROCm GPU.", advanced=True, label="Full fp16 weights",
+    )
     resume: Optional[str] = setting(
         None, "Continue from a saved state: its folder, or 'latest' for the newest complete "
         "state in saving.output_dir.", widget="dir",
@@ -72,114 +81,12 @@ class TrainingSection(TrainingParity):
         label="Compile scope",
     )
     seed: int = setting(42, "Random seed.", ge=0, le=2**32 - 1, label="Seed")
-    zero_terminal_snr: bool = setting(
-        False, "Rescale the noise schedule to zero terminal SNR (Lin et al. 2024); for "
-        "v-prediction models. Samples use the same schedule.", advanced=True,
-        label="Zero terminal SNR",
-        families=("sd1", "sd2", "sdxl"),
-    )
-    noise_offset: Optional[float] = setting(
-        None, "Noise offset (Guttenberg 2023): lets the model learn darker and brighter images.",
-        advanced=True, ge=0, le=1,
-        label="Noise offset",
-        families=("sd1", "sd2", "sdxl"),
-    )
-    min_snr_gamma: Optional[float] = setting(
-        None, "Min-SNR loss weighting gamma (Hang et al. 2023); 5 is the paper's value.",
-        advanced=True, gt=0, le=100,
-        label="Min-SNR gamma",
-        families=("sd1", "sd2", "sdxl"),
-    )
-    noise_offset_random_strength: bool = setting(
-        False, "Draw the noise offset's strength uniformly between 0 and noise_offset for "
-        "every batch (sd-scripts' option of the same name).", advanced=True,
-        label="Random noise-offset strength",
-        families=("sd1", "sd2", "sdxl"),
-    )
-    adaptive_noise_scale: Optional[float] = setting(
-        None, "Add this times the absolute mean of each latent channel to the noise offset "
-        "(needs noise_offset; sd-scripts' option of the same name).", advanced=True,
-        ge=-1, le=1,
-        label="Adaptive noise scale",
-        families=("sd1", "sd2", "sdxl"),
-    )
-    multires_noise_iterations: Optional[int] = setting(
-        None, "Multi-resolution (pyramid) noise with this many levels (6-10 is usual; "
-        "Whitaker 2023); unset: plain Gaussian noise.", advanced=True, ge=1, le=64,
-        label="Multires noise iterations",
-        families=("sd1", "sd2", "sdxl"),
-    )
-    multires_noise_discount: float = setting(
-        0.3, "Weight decay per level of the multires noise (only with "
-        "multires_noise_iterations).", advanced=True, ge=0, le=1,
-        label="Multires noise discount",
-        families=("sd1", "sd2", "sdxl"),
-    )
-    min_timestep: Optional[int] = setting(
-        None, "Draw training timesteps from this one up (unset: 0).", advanced=True,
-        ge=0, le=999,
-        label="Minimum timestep",
-        families=("sd1", "sd2", "sdxl"),
-    )
-    max_timestep: Optional[int] = setting(
-        None, "Draw training timesteps below this one (exclusive; unset: the schedule's "
-        "length, 1000).", advanced=True, ge=1, le=1000,
-        label="Maximum timestep",
-        families=("sd1", "sd2", "sdxl"),
-    )
-    debiased_estimation_loss: bool = setting(
-        False, "Weight the loss by 1/sqrt(SNR) (1/(SNR+1) for v-prediction), Yu et al. 2023; "
-        "sd-scripts' option of the same name.", advanced=True,
-        label="Debiased estimation loss",
-        families=("sd1", "sd2", "sdxl"),
-    )
-    scale_v_pred_loss_like_noise_pred: bool = setting(
-        False, "v-prediction only: scale the loss by SNR/(SNR+1) so that it weighs timesteps "
-        "like an epsilon-prediction loss.", advanced=True,
-        label="Scale v-prediction loss like noise prediction",
-        families=("sd1", "sd2", "sdxl"),
-    )
-    loss_type: Literal["l2", "huber", "smooth_l1", "l1"] = setting(
-        "l2", "Loss function: l2 (mean squared error), l1, or the scheduled pseudo-Huber "
-        "huber / smooth_l1 (Khrapov & Popov 2024), less sensitive to outliers.", advanced=True,
-        label="Loss type",
-    )
-    huber_schedule: Literal["constant", "exponential", "snr"] = setting(
-        "snr", "How the Huber parameter changes with the timestep (huber and smooth_l1 only).",
-        advanced=True,
-        label="Huber schedule",
-    )
-    huber_c: float = setting(
-        0.1, "Huber parameter c: the constant value, or where the schedules end "
-        "(huber and smooth_l1 only).", advanced=True, gt=0, le=1,
-        label="Huber c",
-    )
-    huber_scale: float = setting(
-        1.0, "Multiplies the constant and exponential Huber schedules (huber and smooth_l1 "
-        "only).", advanced=True, gt=0, le=100,
-        label="Huber scale",
-    )
-    masked_loss: bool = setting(
-        False, "Train only where a mask is white: the mask is the image's alpha channel "
-        "(dataset.alpha_mask) or an image in dataset.mask_data_dir.", advanced=True,
-        label="Masked loss",
-    )
-    prior_loss_weight: float = setting(
-        1.0, "Weight of the regularization images' loss.", modes=("lora", "dreambooth"),
-        advanced=True, ge=0, le=100,
-        label="Prior-preservation loss weight",
-    )
-    log_with: Literal["none", "tensorboard", "wandb", "all"] = setting(
-        "tensorboard", "Where the training logs go, under logging_dir: TensorBoard, Weights & "
-        "Biases (wandb; WANDB_MODE=offline works without an account) or all (both), as "
-        "sd-scripts' --log_with.", advanced=True,
-        label="Logging",
-    )
-    logging_dir: Optional[str] = setting(
-        None, "Folder of the TensorBoard logs; unset uses logs inside output_dir.",
-        advanced=True, widget="dir",
-        label="Log folder",
-    )
+
+
+class TrainingSection(TrainingEMA, Trackers, LossOptions, NoiseOptions, TrainingCore):
+    """[training]: the core fields, then the noise, loss, tracker and EMA options, then
+    these."""
+
     validate_every_n_steps: Optional[int] = setting(
         None, "Measure the validation loss every N steps (at fixed timesteps and noise, so the "
         "values compare); unset: at the end of every epoch.", advanced=True, ge=1,

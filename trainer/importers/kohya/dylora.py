@@ -17,8 +17,8 @@ from trainer.importers.kohya.report import Ctx
 
 DYLORA_TYPES = ("Kohya DyLoRA", "LyCORIS/DyLoRA")
 _NOT_READ = "sd-scripts' networks.dylora does not read it"
-# kohya_ss keys that DIRECT maps for LoRA and networks.dylora ignores (trainer/config/
-# dylora_rules.py refuses them with dylora_unit)
+# kohya_ss keys that DIRECT maps for LoRA and networks.dylora ignores
+# (trainer/config/rules/dylora.py refuses them with dylora_unit)
 IGNORED = {
     **dict.fromkeys(("down_lr_weight", "mid_lr_weight", "up_lr_weight",
                      "block_lr_zero_threshold", "block_dims", "block_alphas", "conv_block_dims",

@@ -13,7 +13,7 @@ with its family's switch; a key of another family (or of any, in an SD file) is 
 needed. Its two tabs name the text-encoder files differently, so the key read is the family's
 own for the file's tab. sd-scripts' flow trainers read none of the DDPM options (noise offset,
 min-SNR, timestep range for FLUX.1...): those the kohya_ss form still saves are reported as not
-needed instead of imported, as the config would refuse them (trainer/config/family_rules.py).
+needed instead of imported, as the config would refuse them (trainer/config/rules/family.py).
 The memory options (fp8 base weights, block swap) are memory.py's.
 """
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.config.family_rules import DDPM_ONLY
+from trainer.config.rules.family import objective_options
 from trainer.families import label
 from trainer.importers.kohya import convert as c
 from trainer.importers.kohya.families import roles, switches
@@ -143,7 +143,7 @@ def drop_ddpm_options(ctx: Ctx, family: str) -> None:
     flow trainers: move them from the config to "not needed" (the timestep range of a family
     whose sd-scripts trainer reads it, SD3's, is refused unless it is the full 0-1000)."""
     name, reads_range = label(family), ROLES[family].TIMESTEP_RANGE
-    targets = {f"training.{k}": off for k, off in DDPM_ONLY.items()}
+    targets = {**objective_options("ddpm", "training"), **objective_options("ddpm", "sampling")}
     targets["model.prediction_type"] = None
     targets.update(SD_PROMPT_OPTIONS)
     for entry in list(ctx.report.mapped):

@@ -9,7 +9,7 @@ parameters' checkbox, which kohya_ss saves in the DreamBooth and finetune tabs) 
   weights, with one gradient alive at a time.
 - The LoRA and textual-inversion trainers do not read either: "not needed" there.
 - With both set, sdxl_train.py takes fused_backward_pass (its ``if`` comes first).
-- A combination the config refuses (trainer/config/fused_rules.py: fp16's loss scaler, an
+- A combination the config refuses (trainer/config/rules/fused.py: fp16's loss scaler, an
   accumulation above 1, an optimizer that needs every gradient at once) is "not supported",
   with the config's reason, and the rest of the file imports.
 """
@@ -19,7 +19,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from trainer.config.fused_rules import fused_checks
+from trainer.config.rules.fused import problems as fused_problems
 from trainer.importers.kohya import convert as c
 from trainer.importers.kohya.report import Ctx
 
@@ -66,9 +66,6 @@ def _problem(ctx: Ctx, key: str, value: Any) -> str | None:
     optimizer = section("optimizer")
     optimizer.fused_backward_pass = key == "fused_backward_pass"
     optimizer.fused_optimizer_groups = value if key == "fused_optimizer_groups" else None
-    try:
-        fused_checks(SimpleNamespace(mode=ctx.mode, optimizer=optimizer,
-                                     training=section("training")))
-    except ValueError as exc:
-        return str(exc)
-    return None
+    problems = fused_problems(SimpleNamespace(mode=ctx.mode, optimizer=optimizer,
+                                              training=section("training")))
+    return problems[0] if problems else None

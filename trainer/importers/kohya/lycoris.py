@@ -36,7 +36,7 @@ def _preset(ctx: Any) -> Any:
 def unused_conv_keys(ctx: Any) -> dict[str, str]:
     """conv_dim / conv_alpha, which kohya_ss saves for every type, when the preset adapts no
     3x3 convolution (lycoris then ignores them): kohya key -> reason."""
-    from trainer.config.lycoris_rules import PRESETS_WITHOUT_CONV
+    from trainer.config.rules.lycoris import PRESETS_WITHOUT_CONV
 
     preset = _preset(ctx)
     if preset not in PRESETS_WITHOUT_CONV:
@@ -48,7 +48,7 @@ def unused_conv_keys(ctx: Any) -> dict[str, str]:
 def text_encoder_off(ctx: Any) -> None:
     """A preset without text-encoder modules trains nothing there in sd-scripts, whatever the
     text-encoder rate: the text encoder is then not trained here either, with a note."""
-    from trainer.config.lycoris_rules import PRESETS_WITHOUT_TEXT_ENCODER
+    from trainer.config.rules.lycoris import PRESETS_WITHOUT_TEXT_ENCODER
 
     preset, net = _preset(ctx), ctx.out.get("network", {})
     if preset not in PRESETS_WITHOUT_TEXT_ENCODER:

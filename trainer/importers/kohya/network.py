@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from trainer.config import SECTIONS, OptimizerSection
-from trainer.config.rules import NETWORK_OPTIONS
+from trainer.config.rules.network import NETWORK_OPTIONS
 from trainer.importers.kohya import convert as c
 from trainer.importers.kohya.dylora import DYLORA_TYPES, dylora_network
 from trainer.importers.kohya.lycoris import lycoris_preset, text_encoder_off, unused_conv_keys

@@ -1,6 +1,6 @@
 """kohya_ss keys of sd-scripts' LoRA network options beyond the rank: LoRA+,
 block-wise learning rates and ranks, continuing from a file, max-norm. Each is one schema key of
-[network] (trainer/config/sections/network_extra.py); table.DIRECT takes them in.
+[network] (trainer/config/sections/lora.py); table.DIRECT takes them in.
 
 kohya_ss passes the block lists as sd-scripts' ``network_args`` text (``"4,4,8,..."``), the
 lr weights as text too (a list or a named shape such as ``sine+0.5``)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.config.parity_rules import ONE_LR
+from trainer.config.rules.parity import ONE_LR
 from trainer.importers.kohya import convert as c
 from trainer.importers.kohya.families import role_value, switches
 from trainer.importers.kohya.report import Ctx

@@ -24,40 +24,41 @@ from typing import Any
 FUSED_FAMILIES = ("plain", "adafactor")  # trainer/optim/optimizers.py Spec.family
 
 
-def fused_checks(cfg: Any) -> None:
-    """Raise ValueError naming the setting when a fused step cannot run."""
+def problems(cfg: Any) -> list[str]:
+    """Why a fused step cannot run, naming the setting."""
     from trainer.optim.optimizers import spec
 
     opt, tr = cfg.optimizer, cfg.training
     if not opt.fused_backward_pass and opt.fused_optimizer_groups is None:
-        return
+        return []
     field = ("optimizer.fused_backward_pass" if opt.fused_backward_pass
              else "optimizer.fused_optimizer_groups")
     if opt.fused_backward_pass and opt.fused_optimizer_groups is not None:
-        raise ValueError("optimizer.fused_backward_pass and optimizer.fused_optimizer_groups "
-                         "both fuse the step into the backward pass (one parameter at a time, "
-                         "or in groups); keep one")
+        return ["optimizer.fused_backward_pass and optimizer.fused_optimizer_groups "
+                "both fuse the step into the backward pass (one parameter at a time, "
+                "or in groups); keep one"]
     if cfg.mode != "dreambooth":
-        raise ValueError(f"{field} is for DreamBooth, whose gradients are the size of the "
-                         f"model; in {cfg.mode} mode they are small: unset it")
+        return [f"{field} is for DreamBooth, whose gradients are the size of the "
+                f"model; in {cfg.mode} mode they are small: unset it"]
     if tr.gradient_accumulation_steps != 1:
-        raise ValueError(f"{field} steps the optimizer during each backward pass, so it needs "
-                         f"training.gradient_accumulation_steps = 1 (not "
-                         f"{tr.gradient_accumulation_steps}; sd-scripts asserts the same): "
-                         f"raise training.train_batch_size instead, or unset {field}")
+        return [f"{field} steps the optimizer during each backward pass, so it needs "
+                f"training.gradient_accumulation_steps = 1 (not "
+                f"{tr.gradient_accumulation_steps}; sd-scripts asserts the same): "
+                f"raise training.train_batch_size instead, or unset {field}"]
     name = opt.optimizer_class or opt.optimizer_type
     if opt.optimizer_class or spec(opt.optimizer_type).family not in FUSED_FAMILIES:
-        raise ValueError(f"{field} steps a few parameters at a time, which optimizer {name!r} "
-                         f"cannot (it takes its step size from every gradient at once, counts "
-                         f"its steps per call, or is not one this studio knows); set "
-                         f"optimizer.optimizer_type to AdamW, AdamW8bit, Lion, SGDNesterov or "
-                         f"Adafactor, or unset {field}")
+        return [f"{field} steps a few parameters at a time, which optimizer {name!r} "
+                f"cannot (it takes its step size from every gradient at once, counts "
+                f"its steps per call, or is not one this studio knows); set "
+                f"optimizer.optimizer_type to AdamW, AdamW8bit, Lion, SGDNesterov or "
+                f"Adafactor, or unset {field}"]
     if tr.mixed_precision == "fp16" or tr.full_fp16:
-        raise ValueError(f"{field} with training.mixed_precision = 'fp16': fp16's loss scaler "
-                         f"unscales the gradients after the backward pass, when the fused steps "
-                         f"are done; use 'bf16' (or 'no'), or unset {field}")
+        return [f"{field} with training.mixed_precision = 'fp16': fp16's loss scaler "
+                f"unscales the gradients after the backward pass, when the fused steps "
+                f"are done; use 'bf16' (or 'no'), or unset {field}"]
     if tr.num_processes > 1 or tr.distributed == "fsdp":
-        raise ValueError(f"{field} with training.num_processes = {tr.num_processes}: the "
-                         f"gradients are averaged between processes after the backward pass, "
-                         f"when the fused steps are done; train on one process or unset "
-                         f"{field}")
+        return [f"{field} with training.num_processes = {tr.num_processes}: the "
+                f"gradients are averaged between processes after the backward pass, "
+                f"when the fused steps are done; train on one process or unset "
+                f"{field}"]
+    return []

@@ -1,27 +1,27 @@
-"""[dataset] caption settings of sd-scripts that came with issue 21 (a module of their own so that
-dataset.py stays short): weighted captions, captions of 150 / 225 tokens, dropping every caption
-every N epochs, and unpadded text-encoder input. The encoding is trainer/families/sd/long_prompts.py
-and weighted_prompts.py; the dropout trainer/data/captions.py."""
+"""[dataset] options of how captions reach the SD families' CLIP text encoders (sd-scripts'):
+weighted captions, captions of 150 / 225 tokens, unpadded token ids, and dropping every caption
+every N epochs. The encoding is trainer/families/sd/long_prompts.py and weighted_prompts.py; the
+dropout trainer/data/captions.py."""
 
 from __future__ import annotations
 
 from typing import Literal, Optional
 
-from trainer.config.sections.base import Section, setting
-
-_SD = ("sd1", "sd2", "sdxl")
+from trainer.config.sections.base import DDPM, Section, setting
 
 
-class DatasetParity(Section):
+class CaptionOptions(Section):
+    """The caption options, mixed into :class:`trainer.config.sections.dataset.DatasetSection`."""
+
     weighted_captions: bool = setting(
         False, "Read '(word:1.2)', '(word)' (x1.1) and '[word]' (/1.1) in captions as weights "
         "of those tokens' text-encoder outputs (sd-scripts' --weighted_captions); '\\(' is a "
-        "literal bracket.", advanced=True, families=_SD, label="Weighted captions",
+        "literal bracket.", advanced=True, families=DDPM, label="Weighted captions",
     )
     max_token_length: Optional[Literal[150, 225]] = setting(
         None, "Captions up to this many tokens instead of CLIP's 75: the text encoder reads "
         "them in windows of 75 with their own start and end tokens, and the outputs are joined "
-        "(sd-scripts' --max_token_length). Unset: 75.", advanced=True, families=_SD,
+        "(sd-scripts' --max_token_length). Unset: 75.", advanced=True, families=DDPM,
         label="Caption length (tokens)",
     )
     caption_dropout_every_n_epochs: Optional[int] = setting(
@@ -32,11 +32,5 @@ class DatasetParity(Section):
     no_token_padding: bool = setting(
         False, "Pad a batch's token ids only to its longest caption instead of to 77 (sd-scripts' "
         "--no_token_padding, diffusers' DreamBooth); the text-encoder cache is then off.",
-        advanced=True, families=_SD, label="No token padding",
-    )
-    color_aug: bool = setting(
-        False, "Colour augmentation as sd-scripts' --color_aug does it: a third of the samples "
-        "get a hue shift of up to 16 degrees or a gamma of 0.95-1.05, drawn every step; the "
-        "pixels change, so dataset.cache_latents must be off.", advanced=True,
-        label="Colour augmentation",
+        advanced=True, families=DDPM, label="No token padding",
     )

@@ -11,11 +11,10 @@ block-wise rates or ranks, and it rebuilds a network from a file with unit 1.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from trainer.config.lora_blocks import DIM_KEYS, LR_KEYS
 
-SD_FAMILIES = ("sd1", "sd2", "sdxl")
 # setting -> why sd-scripts' DyLoRA cannot honour it
 UNREAD = {
     "network_dropout": "DyLoRAModule has no dropout",
@@ -30,9 +29,9 @@ UNREAD = {
 }
 
 
-def dylora_problems(net: Any, family: Optional[str]) -> list[str]:
-    """The problems of a [network] section ``net`` with ``dylora_unit`` set; ``family`` None
-    when not known yet."""
+def dylora_problems(net: Any) -> list[str]:
+    """The problems of a [network] section ``net`` with ``dylora_unit`` set (the families that
+    have DyLoRA are its ``families`` hint: the UNet families')."""
     unit = net.dylora_unit
     if unit is None:
         return []
@@ -41,10 +40,6 @@ def dylora_problems(net: Any, family: Optional[str]) -> list[str]:
                 f"network_type = {net.network_type!r} cannot take it; use 'lora' or unset "
                 f"dylora_unit"]
     problems = []
-    if family is not None and family not in SD_FAMILIES:
-        problems.append("network.dylora_unit: DyLoRA is for the SD families (sd-scripts' "
-                        "networks.dylora adapts the UNet and CLIP; its FLUX.1 / SD 3.5 "
-                        "networks have no DyLoRA); unset it for this model")
     if net.network_dim % unit:
         problems.append(f"network.dylora_unit = {unit}: network.network_dim "
                         f"({net.network_dim}) must be a multiple of it")

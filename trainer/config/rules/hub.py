@@ -30,18 +30,22 @@ def parse_resume(value: str) -> tuple[str, str, Optional[str], str]:
     return f"{parts[0]}/{parts[1]}", folder.strip("/"), revision or None, repo_type
 
 
-def hub_resume_checks(cfg: Any) -> None:
+def problems(cfg: Any) -> list[str]:
     """resume_from_huggingface reads training.resume; without it (or with 'latest', which looks
     in saving.output_dir) the flag would do nothing, so the config is refused."""
     if not cfg.saving.resume_from_huggingface:
-        return
+        return []
     resume = cfg.training.resume
     if not resume:
-        raise ValueError(f"saving.resume_from_huggingface downloads the state that "
-                         f"training.resume names on the Hub ({HUB_FORM}), and training.resume "
-                         f"is not set: set it, or turn resume_from_huggingface off")
+        return [f"saving.resume_from_huggingface downloads the state that training.resume names "
+                f"on the Hub ({HUB_FORM}), and training.resume is not set: set it, or turn "
+                f"resume_from_huggingface off"]
     if resume == "latest":
-        raise ValueError("training.resume = 'latest' looks for a state in saving.output_dir, "
-                         "but saving.resume_from_huggingface is on: name the Hub state "
-                         f"({HUB_FORM}) or turn resume_from_huggingface off")
-    parse_resume(resume)
+        return ["training.resume = 'latest' looks for a state in saving.output_dir, but "
+                "saving.resume_from_huggingface is on: name the Hub state "
+                f"({HUB_FORM}) or turn resume_from_huggingface off"]
+    try:
+        parse_resume(resume)
+    except ValueError as exc:
+        return [str(exc)]
+    return []

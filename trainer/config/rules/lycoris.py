@@ -15,15 +15,17 @@ PRESETS_WITHOUT_TEXT_ENCODER = ("unet-only", "unet-transformer-only", "unet-conv
 PRESETS_WITHOUT_CONV = ("full-lin", "attn-mlp", "attn-only", "unet-transformer-only")
 
 
-def lycoris_preset_checks(net: Any) -> None:
-    """Refuse a text encoder or a conv rank that ``net.lycoris_preset`` would not train."""
+def problems(cfg: Any) -> list[str]:
+    """A text encoder or a conv rank that ``network.lycoris_preset`` would not train."""
+    net = cfg.network
     preset = net.lycoris_preset
     if preset in PRESETS_WITHOUT_TEXT_ENCODER and (net.train_text_encoder
                                                     or net.train_text_encoder_2):
-        raise ValueError(f"network.lycoris_preset = {preset!r} adapts no text-encoder module, "
-                         f"but network.train_text_encoder is on: turn it off or choose a preset "
-                         f"with the text encoders (full, full-lin, attn-mlp, attn-only)")
+        return [f"network.lycoris_preset = {preset!r} adapts no text-encoder module, but "
+                f"network.train_text_encoder is on: turn it off or choose a preset with the "
+                f"text encoders (full, full-lin, attn-mlp, attn-only)"]
     if preset in PRESETS_WITHOUT_CONV and net.conv_dim is not None:
-        raise ValueError(f"network.lycoris_preset = {preset!r} adapts no 3x3 convolution, so "
-                         f"network.conv_dim would be ignored: unset conv_dim (and conv_alpha) or "
-                         f"choose full, unet-only or unet-convblock-only")
+        return [f"network.lycoris_preset = {preset!r} adapts no 3x3 convolution, so "
+                f"network.conv_dim would be ignored: unset conv_dim (and conv_alpha) or choose "
+                f"full, unet-only or unet-convblock-only"]
+    return []

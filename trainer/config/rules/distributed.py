@@ -25,23 +25,24 @@ FSDP_OPTIMIZERS = ("AdamW", "Lion", "SGDNesterov", "AdamWScheduleFree", "RAdamSc
                    "SGDScheduleFree")
 
 
-def distributed_checks(cfg: Any) -> None:
-    """Raise ValueError naming the setting when training.distributed cannot work."""
+def problems(cfg: Any) -> list[str]:
+    """What training.distributed = 'fsdp' cannot work with, naming the setting."""
     tr, opt = cfg.training, cfg.optimizer
     if tr.distributed != "fsdp":
-        return
+        return []
     field = "training.distributed = 'fsdp'"
     if cfg.mode != "dreambooth":
-        raise ValueError(f"{field} shards the weights of a full fine-tune (DreamBooth); in "
-                         f"{cfg.mode} mode the trained adapter is small and every GPU needs "
-                         f"the frozen base whole anyway: set training.distributed = 'ddp'")
+        return [f"{field} shards the weights of a full fine-tune (DreamBooth); in "
+                f"{cfg.mode} mode the trained adapter is small and every GPU needs "
+                f"the frozen base whole anyway: set training.distributed = 'ddp'"]
     if opt.optimizer_class or opt.optimizer_type not in FSDP_OPTIMIZERS:
         name = opt.optimizer_class or opt.optimizer_type
-        raise ValueError(f"{field} steps the optimizer on shards of the weights, which "
-                         f"optimizer {name!r} cannot (8-bit kernels, factored or global "
-                         f"statistics); set optimizer.optimizer_type to one of "
-                         f"{', '.join(FSDP_OPTIMIZERS)}, or use training.distributed = 'ddp'")
+        return [f"{field} steps the optimizer on shards of the weights, which "
+                f"optimizer {name!r} cannot (8-bit kernels, factored or global "
+                f"statistics); set optimizer.optimizer_type to one of "
+                f"{', '.join(FSDP_OPTIMIZERS)}, or use training.distributed = 'ddp'"]
     if tr.compile:
-        raise ValueError(f"training.compile with {field}: compiling a sharded UNet is not "
-                         f"supported here; turn compile off or use training.distributed = "
-                         f"'ddp'")
+        return [f"training.compile with {field}: compiling a sharded UNet is not "
+                f"supported here; turn compile off or use training.distributed = "
+                f"'ddp'"]
+    return []

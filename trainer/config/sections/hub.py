@@ -13,7 +13,7 @@ from pydantic import model_validator
 from trainer.config.sections.base import Section, setting
 
 
-class SavingHub(Section):
+class HubUpload(Section):
     huggingface_repo_id: Optional[str] = setting(
         None, "Upload every saved file to this Hugging Face Hub repository ('owner/name'; "
         "created when missing). The token comes from HF_TOKEN or `hf auth login`, never from "
