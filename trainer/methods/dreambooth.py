@@ -14,12 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from trainer.families import family_of, spec
 from trainer.methods.base import MethodBase
-from trainer.families import family_of
-
-# a whole FLUX.1 / SD 3.5 checkpoint's parts (trainer/families/common/mmdit_checkpoint.py's names)
-FLOW_PARTS = {"flux1": ("transformer", "vae", "clip_l", "t5xxl"),
-              "sd3": ("transformer", "vae", "clip_l", "clip_g", "t5xxl")}
 
 
 class DreamBoothMethod(MethodBase):
@@ -52,7 +48,7 @@ class DreamBoothMethod(MethodBase):
         return groups
 
     def save(self, path: Path, model: Any, facts: Any, final: bool = True) -> Path:
-        if model.version in ("flux1", "sd3"):
+        if spec(model.version).denoiser == "transformer":  # the MMDiT single-file writer
             return self._save_flow(path, model, facts, final)
         from trainer.families.sd.checkpoint import save_checkpoint
         from trainer.export.lora import unwrap
@@ -82,11 +78,10 @@ class DreamBoothMethod(MethodBase):
         trained = {name: unwrap(encoder) for name, encoder, _ in
                    self.trained_text_encoders(model)}
         components = {"transformer": transformer, "vae": model.vae}
-        for name, _, _ in family_of(model).text_encoders(model):
+        family = family_of(model)
+        for name, _, _ in family.text_encoders(model):
             components[name] = trained.get(name, getattr(model, name))
-        parts = FLOW_PARTS[model.version]
-        if not trained:
-            parts = parts[:1] if model.version == "flux1" else parts[:2]
+        parts = family.checkpoint_parts if trained else family.shipped_parts
         save_flow_checkpoint(path, components, flow_checkpoint_family(model),
                              parts=parts, dtype=self.save_dtype)
         if final or self.cfg.saving.intermediate_diffusers:
@@ -96,8 +91,6 @@ class DreamBoothMethod(MethodBase):
 
 
 def flow_checkpoint_family(model: Any) -> str:
-    """trainer/families/common/mmdit_checkpoint.py's family name of a loaded FLUX.1 / SD 3.x model."""
-    if model.version == "flux1":
-        return f"flux1-{model.variant}"
-    return {"5-large": "sd35-large", "5-medium": "sd35-medium"}.get(model.variant,
-                                                                    "sd3-medium")
+    """trainer/families/common/mmdit_checkpoint.py's family name of a loaded FLUX.1 / SD 3.x
+    model (``flux1-dev``, ``sd35-large``)."""
+    return family_of(model).checkpoint_name(model.variant)

@@ -10,7 +10,7 @@ from peft import LoraConfig, inject_adapter_in_model
 from trainer.config import TrainConfig
 from trainer.methods.base import MethodBase
 from trainer.methods.fast_lora import lean_forward
-from trainer.families import family_of
+from trainer.families import family_of, role, spec
 
 # The Linear (and 1x1 conv) layers of the UNet's transformer blocks, as sd-scripts targets them.
 UNET_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "proj_in", "proj_out", "ff.net.0.proj",
@@ -53,17 +53,13 @@ def denoiser_lora_config(cfg: TrainConfig, model: Any) -> LoraConfig:
     """The UNet's LoRA, or the transformer's of FLUX.1 / SD 3.5 on sd-scripts' modules
     (trainer/families/flux/lora.py and sd3_lora.py name them; full paths, which peft matches
     exactly)."""
-    if model.version not in ("flux1", "sd3"):
+    if spec(model.version).denoiser == "unet":
         from trainer.methods.lora_groups import block_lora_config  # block_dims, lr weights
 
-        return block_lora_config(cfg, model.unet, model.version, UNET_TARGETS,
+        return block_lora_config(cfg, model.denoiser, model.version, UNET_TARGETS,
                                  UNET_CONV_TARGETS) or unet_lora_config(cfg)
-    from trainer.families.flux.lora import flux_target_modules
-    from trainer.families.sd3.lora import sd3_target_modules
-
     net = cfg.network
-    targets = (flux_target_modules(model.unet, net.train_blocks) if model.version == "flux1"
-               else sd3_target_modules(model.unet))
+    targets = role(model.version, "lora").target_modules(model.denoiser, net.train_blocks)
     return LoraConfig(r=net.network_dim, lora_alpha=net.network_alpha,
                       lora_dropout=net.network_dropout or 0.0, init_lora_weights="gaussian",
                       target_modules=targets)
@@ -134,7 +130,7 @@ class LoraMethod(MethodBase):
     def save(self, path, model: Any, facts: Any, final: bool = True):
         from trainer.export.lora import save_lora
 
-        if model.version in ("flux1", "sd3"):
+        if spec(model.version).denoiser == "transformer":  # the family's own LoRA form
             from trainer.methods.flow_lora import save_flow_run_lora
 
             return save_flow_run_lora(path, model, self.cfg, facts, self.save_dtype,

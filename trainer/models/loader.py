@@ -128,11 +128,11 @@ def load_base_model(section: ModelSection, dtype: Any = None, t5_frozen: bool = 
 
 
 def _flow_file(path: Path) -> bool:
-    """Whether the file is FLUX.1 / SD 3.x (:func:`trainer.families.detect_path`); for
-    another, the UNet families' loader reports what it holds."""
-    from trainer.families import family_or_none, is_flow
-
-    return is_flow(family_or_none(path))
+    """Whether the file holds a transformer family's model (FLUX.1, SD 3.x;
+    :func:`trainer.families.detect_path`), which the MMDiT loader reads; for another, the UNet
+    families' loader reports what it holds."""
+    name = registry.family_or_none(path)
+    return name is not None and registry.spec(name).denoiser == "transformer"
 
 
 def _folder_version(path: Path) -> str:
@@ -148,12 +148,14 @@ def _folder_version(path: Path) -> str:
 def _check_folder_version(detected: str, requested: str, width: int) -> str:
     if requested == "auto" or requested == detected:
         return detected
-    if requested in ("flux1", "sd3"):
+    wanted = registry.spec(requested)
+    if wanted.denoiser != "unet":  # a transformer family: its own folder loader reads it
         raise ModelLoadError(f"model.model_version = {requested!r}, but {FIELD} holds a "
                              f"{FAMILIES[detected].label} model; point {FIELD} at a "
-                             f"{'FLUX.1' if requested == 'flux1' else 'SD 3.5'} diffusers "
-                             f"folder or single file, or set model.model_version to 'auto'")
-    if "sdxl" in (requested, detected) or width in (768, 1024):
+                             f"{wanted.label} diffusers folder or single file, or set "
+                             f"model.model_version to 'auto'")
+    # SD 1.x and 2.x share a folder: a tiny model of neither's width may be either
+    if wanted.folder != registry.spec(detected).folder or width in (768, 1024):
         raise ModelLoadError(f"model.model_version = {requested!r}, but the model looks like "
                              f"{detected} (text encoder width {width}); set it to auto")
     return requested  # a model of no standard width (a tiny test model): as the setting says
@@ -195,7 +197,7 @@ def _from_folder(path: Path, section: ModelSection) -> BaseModel:
                                  f"whose VAE is its own; unset model.vae")
         return BaseModel(**load_flow_folder(path, section, flow))
     detected = _folder_version(path)
-    parts = _load_folder(path, detected == "sdxl")
+    parts = _load_folder(path, len(registry.spec(detected).text_encoders) == 2)
     if section.vae:
         parts["vae"] = _load_vae(Path(section.vae).expanduser(), path)
     width = parts["text_encoder"].config.hidden_size
@@ -340,20 +342,7 @@ def _cache_folder(path: Path, section: ModelSection) -> Path:
 
 
 def _save_cache(model: BaseModel, folder: Path) -> None:
-    from diffusers import StableDiffusionPipeline, StableDiffusionXLPipeline
-
-    from trainer.families import family_of
-
-    common = dict(unet=model.unet, vae=model.vae, text_encoder=model.text_encoder,
-                  tokenizer=model.tokenizer, scheduler=model.noise_scheduler)
-    if model.version in ("flux1", "sd3"):
-        pipe = family_of(model).pipeline(model, model.unet, model.noise_scheduler)
-    elif model.version == "sdxl":
-        pipe = StableDiffusionXLPipeline(**common, text_encoder_2=model.text_encoder_2,
-                                         tokenizer_2=model.tokenizer_2, add_watermarker=False)
-    else:
-        pipe = StableDiffusionPipeline(**common, safety_checker=None, feature_extractor=None,
-                                       requires_safety_checker=False)
+    pipe = registry.family_of(model).pipeline(model, model.denoiser, model.noise_scheduler)
     tmp = folder.with_name(folder.name + ".partial")
     try:
         pipe.save_pretrained(tmp, safe_serialization=True)

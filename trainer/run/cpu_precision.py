@@ -139,7 +139,9 @@ def _inputs(model: Any, cfg: Any) -> tuple[Any, ...]:
     width, height = base_size(cfg.dataset.resolution)
     noisy = torch.randn(1, vae.latent_channels, height // down, width // down,
                         generator=torch.Generator().manual_seed(0))
-    flow = model.version in ("flux1", "sd3")
+    from trainer.families import spec
+
+    flow = spec(model.version).objective == "flow"  # sigmas, not integer timesteps
     t = torch.tensor([0.5]) if flow else torch.tensor([500])
     with torch.no_grad():
         text = encode_captions(model, [""], cfg.model.clip_skip)
