@@ -148,8 +148,7 @@ def save_lora(
     :class:`trainer.export.metadata.RunFacts` for the moment of this save (steps, epoch, ...).
     """
     from trainer.export.hashes import add_hashes
-    from trainer.export.metadata import (RunFacts, build_lora_metadata, lora_naming,
-                                         resolved_version)
+    from trainer.export.metadata import RunFacts, build_lora_metadata, lora_naming, resolved_version
     from trainer.system.safe_write import save_safetensors_atomic
 
     facts = facts if facts is not None else RunFacts()

@@ -98,8 +98,7 @@ def save_lycoris(
     """Write the LyCORIS file with ``ss_*`` (``ss_network_module = lycoris.kohya``),
     ``modelspec.*`` and ``sshs_*`` metadata, atomically, in ``saving.save_precision``."""
     from trainer.export.hashes import add_hashes
-    from trainer.export.metadata import (RunFacts, build_lora_metadata, lora_naming,
-                                         resolved_version)
+    from trainer.export.metadata import RunFacts, build_lora_metadata, lora_naming, resolved_version
     from trainer.system.safe_write import save_safetensors_atomic
 
     facts = facts if facts is not None else RunFacts()

@@ -2,8 +2,9 @@
 
 FLUX.1: sd-scripts' kohya keys on the BFL layout (trainer/families/flux/lora.py), CLIP-L as
 ``lora_te1_`` and T5 as ``lora_te3_``; SD 3.5: the ``transformer.*`` form that diffusers and
-ComfyUI both load (trainer/families/sd3/lora.py). The metadata is the run's ``ss_*`` keys with
-the family's version, architecture and the ``[flow]`` settings (trainer/families/common/mmdit_lora_file.py).
+ComfyUI both load (trainer/families/sd3/lora.py); the family's lora role makes them
+(``run_state_dict``). The metadata is the run's ``ss_*`` keys with the family's version,
+architecture and the ``[flow]`` settings (trainer/families/common/mmdit_lora_file.py).
 """
 
 from __future__ import annotations

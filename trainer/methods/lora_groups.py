@@ -22,6 +22,7 @@ from trainer.config.lora_blocks import block_index, block_lr_weights, block_rank
 from trainer.export.names import kohya_module_name, unwrap
 from trainer.families import FAMILIES
 
+
 def _has_unet(family: Optional[str]) -> bool:
     """Whether ``family`` denoises with a UNet (whose blocks the block-wise options name)."""
     return family in FAMILIES and FAMILIES[family].denoiser == "unet"

@@ -116,7 +116,7 @@ def namers(model: Any, version: str, names: list[str]) -> dict[str, Callable[[st
     out = {}
     for name in names:
         if name == "unet":
-            rename = naming.unet_rename(model.unet) or (lambda p: p)
+            rename = naming.unet_rename(model.denoiser) or (lambda p: p)
             out[name] = (lambda r: lambda p: kohya_module_name("lora_unet", r(p)))(rename)
         else:
             prefix = {"text_encoder_2": "lora_te2", **naming.TE_PREFIXES}[name]
@@ -253,7 +253,7 @@ def load_lycoris_weights(cfg: Any, model: Any, loras: list[Any], encoders: list[
     check_file(path, tensors, metadata, model.version, cfg.network.network_type)
     naming = lora_naming(model.version)
     prefixes = {"text_encoder_2": "lora_te2", **naming.TE_PREFIXES}
-    roots = [("lora_unet", model.unet, naming.unet_rename(model.unet))]
+    roots = [("lora_unet", model.denoiser, naming.unet_rename(model.denoiser))]
     roots += [(prefixes[n], getattr(model, n), text_encoder_module_path) for n in encoders]
     places = _module_places(roots)
     names = {}

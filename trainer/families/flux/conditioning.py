@@ -3,8 +3,9 @@ output and T5-XXL's last hidden states (``model.t5_max_length`` tokens: 512 for 
 schnell). The transformer reads the latents packed into 2x2 patches (one token of 4 x 16
 channels each) with their row and column as ``img_ids``, zeros as ``txt_ids``, the sigma itself
 as its timestep, and, for the guidance-distilled dev, the guidance value
-(``flow.guidance_scale``, given to the family object when it is built). It reads ``(latents - shift_factor) * scaling_factor`` from its
-16-channel VAE (:func:`trainer.run.step.encode_images` applies the VAE config's shift).
+(``flow.guidance_scale``, given to the family object when it is built). It reads
+``(latents - shift_factor) * scaling_factor`` from its 16-channel VAE
+(:func:`trainer.run.step.encode_images` applies the VAE config's shift).
 
 The family object has the methods of :class:`trainer.families.sd.conditioning.SD1Family`, so
 the step, the text cache, the validation loss and the samples ask it instead of branching.

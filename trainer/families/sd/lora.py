@@ -6,7 +6,8 @@ strings of the metadata (``ss_base_model_version``, ``modelspec.architecture``).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any, Optional
 
 from trainer.families import spec
 

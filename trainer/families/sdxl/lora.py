@@ -6,7 +6,8 @@ Stability's layout (``lora_unet_input_blocks_4_1_...``), the two text encoders a
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any, Optional
 
 from trainer.families import spec
 
