@@ -103,10 +103,12 @@ def probe(model: Any, cfg: Any) -> tuple[float, float] | None:
     copy = bf16_copy(model.denoiser)
     if copy is None:
         return None
-    inputs = _inputs(model, cfg)
+    from trainer.families import family_of
+
+    inputs, family = _inputs(model, cfg), family_of(model)  # FLUX.1: cfg's guidance
     fp32, bf16 = cpu_bf16.seconds_alternated(
-        lambda: _step(model, model.denoiser, cfg, inputs, False),
-        lambda: _step(model, copy, cfg, inputs, True))
+        lambda: _step(family, model, model.denoiser, cfg, inputs, False),
+        lambda: _step(family, model, copy, cfg, inputs, True))
     log.info("bf16 probe: fp32 %.3fs, bf16 %.3fs", fp32, bf16)
     return fp32, bf16
 
@@ -149,13 +151,12 @@ def _inputs(model: Any, cfg: Any) -> tuple[Any, ...]:
     return noisy, t, text, size_ids
 
 
-def _step(model: Any, denoiser: Any, cfg: Any, inputs: tuple[Any, ...], bf16: bool) -> None:
-    from trainer.run.step import run_family
-
+def _step(family: Any, model: Any, denoiser: Any, cfg: Any, inputs: tuple[Any, ...],
+          bf16: bool) -> None:
     noisy, t, text, size_ids = inputs
     x = noisy.clone().requires_grad_(True)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        pred = run_family(model, cfg).predict(model, x, t, text, size_ids, denoiser=denoiser)
+        pred = family.predict(model, x, t, text, size_ids, cfg, denoiser=denoiser)
     torch.autograd.grad(pred.float().square().mean(), x)
 
 
