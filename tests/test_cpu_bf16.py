@@ -137,7 +137,7 @@ def test_auto_picks_bf16_only_where_the_probe_finds_it_faster(monkeypatch, tmp_p
     probes = []
     monkeypatch.setattr(cpu_precision, "probe", lambda m, c: probes.append(1) or (1.0, bf16_s))
     monkeypatch.setattr(cpu_precision, "_others_cores", lambda before, after: 0.0)  # quiet
-    model = SimpleNamespace(unet=torch.nn.Linear(4, 4))
+    model = SimpleNamespace(denoiser=torch.nn.Linear(4, 4))
     for _ in range(2):  # the second run reads the cached result and does not probe
         s, out = _session(model), _Out()
         cpu_precision.choose_cpu_precision(s, out)
@@ -156,7 +156,7 @@ def test_a_probe_that_other_processes_slowed_decides_its_run_but_is_not_kept(mon
     monkeypatch.setattr(cpu_precision, "probe", lambda m, c: probes.append(1) or (1.0, 0.5))
     busy = [1.6]
     monkeypatch.setattr(cpu_precision, "_others_cores", lambda before, after: busy[0])
-    model = SimpleNamespace(unet=torch.nn.Linear(4, 4))
+    model = SimpleNamespace(denoiser=torch.nn.Linear(4, 4))
     s, out = _session(model), _Out()
     cpu_precision.choose_cpu_precision(s, out)
     assert s.precision == "bf16" and "other processes using 1.6 cores, not kept" in out.lines[0]
@@ -190,7 +190,7 @@ def test_the_units_can_be_named_instead_of_read(monkeypatch):
 def test_auto_stays_fp32_on_a_cpu_without_bf16_units(monkeypatch, tmp_path):
     monkeypatch.setattr(cpu_bf16, "bf16_units", lambda: ())
     monkeypatch.setattr(cpu_precision, "probe", lambda m, c: pytest.fail("probed"))
-    s, out = _session(SimpleNamespace(unet=torch.nn.Linear(4, 4))), _Out()
+    s, out = _session(SimpleNamespace(denoiser=torch.nn.Linear(4, 4))), _Out()
     cpu_precision.choose_cpu_precision(s, out)
     assert s.precision == "no" and "no bf16 units" in out.lines[0]
 

@@ -47,7 +47,7 @@ def fixed_inputs(transformer, family: str):
 
 def predict(transformer, family: str, cfg) -> torch.Tensor:
     noisy, sigmas, text = fixed_inputs(transformer, family)
-    model = SimpleNamespace(unet=transformer, version=family)
+    model = SimpleNamespace(denoiser=transformer, version=family)
     with torch.no_grad():
         return family_of(model).predict(model, noisy, sigmas, text, None, cfg)
 

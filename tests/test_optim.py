@@ -23,14 +23,13 @@ from trainer.run.loop import run
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory, studio_home):
     """A LoRA session on the tiny model, its first batch and its trained weights as built."""
-    from trainer.run.loop import _Job
+    from trainer.run.reporter import Reporter
     from trainer.run.session import Session, prepare
 
     tmp = tmp_path_factory.mktemp("optim")
     cfg = small_config(tmp, one_image_dataset(tmp / "data"))
-    job = _Job(cfg, NullSink(), Control())
-    s = job.session = Session(cfg)
-    prepare(s, job)
+    s = Session(cfg)
+    prepare(s, Reporter(NullSink(), Control()))
     batch = next(iter(s.data.epoch(1, 1, cfg.training.seed)))
     groups = [{"params": g["params"], "lr": g["lr"]} for g in s.optimizer.param_groups]
     start = [p.detach().clone() for g in groups for p in g["params"]]
@@ -114,8 +113,8 @@ def test_adaptive_optimizers_note_a_learning_rate_far_from_one():
 
 
 def test_schedule_free_saves_its_averaged_weights(prepared, tmp_path):
-    from trainer.run.loop import _Job
     from trainer.run.outputs import save_checkpoint
+    from trainer.run.reporter import Reporter
 
     s, _, groups, _ = prepared
     params = [p for g in groups for p in g["params"]]
@@ -129,7 +128,7 @@ def test_schedule_free_saves_its_averaged_weights(prepared, tmp_path):
         x = [p.detach().clone() for p in params]
     s.optimizer = optimizer
     try:
-        path = save_checkpoint(s, _Job(s.cfg, NullSink(), Control()), 1, 2, "-sf", 0.0)
+        path = save_checkpoint(s, Reporter(NullSink(), Control()), 1, 2, "-sf", 0.0)
     finally:
         s.optimizer = kept
     saved = [t for k, t in load_file(str(path)).items() if not k.endswith(".alpha")]

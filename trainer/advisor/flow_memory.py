@@ -103,7 +103,7 @@ def _with_adapters(model: torch.nn.Module, cfg: Any, rank: Optional[int] = None)
     from trainer.methods.lora import denoiser_lora_config
 
     family = "flux1" if type(model).__name__.startswith("Flux") else "sd3"
-    targets = denoiser_lora_config(cfg, SimpleNamespace(unet=model, version=family))
+    targets = denoiser_lora_config(cfg, SimpleNamespace(denoiser=model, version=family))
     rank, count = rank or cfg.network.network_dim, 0
     for name in targets.target_modules:
         parent_name, _, child = name.rpartition(".")

@@ -54,7 +54,7 @@ def meta_model(configs: ModelConfigs) -> SimpleNamespace:
 
     classes = {"text_encoder": CLIPTextModel, "text_encoder_2": CLIPTextModelWithProjection}
     with init_empty_weights(include_buffers=True):
-        parts = {"unet": UNet2DConditionModel.from_config(configs.unet),
+        parts = {"denoiser": UNet2DConditionModel.from_config(configs.unet),
                  "vae": AutoencoderKL.from_config(configs.vae)}
         for name, config in configs.text_encoders:
             parts[name] = classes[name](CLIPTextConfig.from_dict(config))
@@ -68,7 +68,8 @@ def param_counts(configs: ModelConfigs) -> dict[str, int]:
     def build() -> dict[str, int]:
         model = meta_model(configs)
         names = ["unet", "vae"] + [name for name, _ in configs.text_encoders]
-        return {n: sum(p.numel() for p in getattr(model, n).parameters()) for n in names}
+        parts = {n: model.denoiser if n == "unet" else getattr(model, n) for n in names}
+        return {n: sum(p.numel() for p in part.parameters()) for n, part in parts.items()}
     return stored("params:" + configs.key, build, model=configs.key)
 
 
@@ -109,7 +110,7 @@ def prepare_training(model: Any, cfg: Any) -> None:
     """Freeze and unfreeze the meta model as the run's method does."""
     encoders = [e for e in (model.text_encoder, model.text_encoder_2) if e is not None]
     if cfg.mode == "textual_inversion":  # the method needs a tokenizer; what trains is this
-        for module in (model.unet, model.vae, *encoders):
+        for module in (model.denoiser, model.vae, *encoders):
             module.requires_grad_(False)
         for encoder in encoders:
             encoder.get_input_embeddings().weight.requires_grad_(True)
@@ -243,12 +244,12 @@ def _training_model(configs: ModelConfigs, cfg: Any, dtype: torch.dtype,
     """The meta model prepared for training as the run prepares it."""
     model = meta_model(configs)
     prepare_training(model, cfg)
-    nets = [model.unet] + [getattr(model, name) for name, _ in configs.text_encoders]
+    nets = [model.denoiser] + [getattr(model, name) for name, _ in configs.text_encoders]
     for net in nets:  # nn.Module's own .to: diffusers' warns about fp32 modules needlessly
         torch.nn.Module.to(net, dtype)
     if checkpointing:
-        model.unet.enable_gradient_checkpointing(_checkpoint_func(work))
-    model.unet.train()
+        model.denoiser.enable_gradient_checkpointing(_checkpoint_func(work))
+    model.denoiser.train()
     for encoder in nets[1:]:
         encoder.train(any(p.requires_grad for p in encoder.parameters()))
     return model, nets
@@ -263,7 +264,7 @@ def _one_step(model: Any, configs: ModelConfigs, bucket: tuple[int, int], batch:
     timesteps = torch.zeros(batch, dtype=torch.long, device="meta")
     with FusedAttention(work), mode:
         hidden, added = _conditioning(model, configs, dtype, batch)
-        pred = model.unet(latents, timesteps, hidden, added_cond_kwargs=added).sample
+        pred = model.denoiser(latents, timesteps, hidden, added_cond_kwargs=added).sample
         loss = F.mse_loss(pred.float(), torch.zeros_like(pred, dtype=torch.float32))
         loss.backward()
         del pred, loss, hidden, added

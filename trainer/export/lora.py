@@ -148,16 +148,16 @@ def save_lora(
     :class:`trainer.export.metadata.RunFacts` for the moment of this save (steps, epoch, ...).
     """
     from trainer.export.hashes import add_hashes
-    from trainer.export.metadata import RunFacts, build_lora_metadata, resolved_version
+    from trainer.export.metadata import RunFacts, build_lora_metadata, lora_naming, resolved_version
     from trainer.system.safe_write import save_safetensors_atomic
 
     facts = facts if facts is not None else RunFacts()
     dtype = dtype or SAVE_DTYPES[cfg.saving.save_precision]
-    if resolved_version(cfg, facts) == "sdxl":
-        tensors = kohya_state_dict(unet, text_encoder, dtype=dtype, te_prefix="lora_te1",
-                                   text_encoder_2=text_encoder_2,
-                                   unet_rename=sgm_unet_names(unet) if unet else None)
-    else:
-        tensors = kohya_state_dict(unet, text_encoder, dtype=dtype)
+    naming = lora_naming(resolved_version(cfg, facts))  # the family's kohya names
+    prefixes = naming.TE_PREFIXES
+    tensors = kohya_state_dict(
+        unet, text_encoder, dtype=dtype, te_prefix=prefixes["text_encoder"],
+        text_encoder_2=text_encoder_2 if "text_encoder_2" in prefixes else None,
+        unet_rename=naming.unet_rename(unet) if unet else None)
     metadata = add_hashes(build_lora_metadata(cfg, facts), tensors)
     return save_safetensors_atomic(path, tensors, metadata)

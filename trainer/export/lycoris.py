@@ -98,12 +98,12 @@ def save_lycoris(
     """Write the LyCORIS file with ``ss_*`` (``ss_network_module = lycoris.kohya``),
     ``modelspec.*`` and ``sshs_*`` metadata, atomically, in ``saving.save_precision``."""
     from trainer.export.hashes import add_hashes
-    from trainer.export.metadata import RunFacts, build_lora_metadata, resolved_version
+    from trainer.export.metadata import RunFacts, build_lora_metadata, lora_naming, resolved_version
     from trainer.system.safe_write import save_safetensors_atomic
 
     facts = facts if facts is not None else RunFacts()
     dtype = dtype or SAVE_DTYPES[cfg.saving.save_precision]
     tensors = lycoris_tensors(loras, unet, text_encoders, dtype=dtype,
-                              sdxl=resolved_version(cfg, facts) == "sdxl")
+                              sdxl=lora_naming(resolved_version(cfg, facts)).SGM_LAYOUT)
     metadata = add_hashes(build_lora_metadata(cfg, facts), tensors)
     return save_safetensors_atomic(path, tensors, metadata)

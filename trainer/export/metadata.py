@@ -33,7 +33,7 @@ NETWORK_MODULE = "networks.lora"
 SPEC_VERSION = "1.0.1"
 IMPL_DIFFUSERS = "diffusers"
 IMPL_STABILITY_AI = "https://github.com/Stability-AI/generative-models"
-SDXL_BASE_VERSION = "sdxl_base_v1-0"  # sd-scripts' MODEL_VERSION_SDXL_BASE_V1_0
+DEFAULT_FAMILY = "sd1"  # the family of model_version = "auto" in a file's metadata
 
 # The optimizer class sd-scripts records (``module.Class``) for each optimizer name.
 OPTIMIZER_CLASSES = {
@@ -100,22 +100,33 @@ def count_tags(captions: Iterable[str]) -> dict[str, int]:
     return counts
 
 
+def naming_family(version: str) -> str:
+    """The family whose kohya naming a UNet LoRA of ``version`` takes: its own where its
+    ``lora`` role names UNet LoRA files (trainer/families/sd/lora.py), else SD 1.x's (as for
+    ``auto``; the transformer families' files are named by their own writers)."""
+    from trainer.families import FAMILIES, role
+
+    found = role(version, "lora") if version in FAMILIES else None
+    return version if hasattr(found, "TE_PREFIXES") else DEFAULT_FAMILY
+
+
+def lora_naming(version: str) -> Any:
+    """The ``lora`` role of :func:`naming_family`: text encoder prefixes, the UNet's rename,
+    the version strings."""
+    from trainer.families import role
+
+    return role(naming_family(version), "lora")
+
+
 def base_model_version_str(version: ModelVersion, v_prediction: bool) -> str:
     """sd-scripts' ``ss_base_model_version``: sd_v1, sd_v2, sd_v2_v (sd_v1_v), sdxl_base_v1-0."""
-    if version == "sdxl":
-        return SDXL_BASE_VERSION
-    return ("sd_v2" if version == "sd2" else "sd_v1") + ("_v" if v_prediction else "")
+    return lora_naming(version).base_model_version(naming_family(version), v_prediction)
 
 
 def modelspec_architecture(version: ModelVersion, v_prediction: bool,
                            adapter: Optional[str] = "lora") -> str:
     """``stable-diffusion-v1``, ``-v2-512``, ``-v2-768-v``, ``-xl-v1-base``, + ``/lora`` etc."""
-    if version == "sdxl":
-        arch = "stable-diffusion-xl-v1-base"
-    elif version == "sd2":
-        arch = "stable-diffusion-v2-768-v" if v_prediction else "stable-diffusion-v2-512"
-    else:
-        arch = "stable-diffusion-v1"
+    arch = lora_naming(version).modelspec_architecture(naming_family(version), v_prediction)
     return f"{arch}/{adapter}" if adapter else arch
 
 
@@ -123,7 +134,7 @@ def resolved_version(cfg: Any, facts: RunFacts) -> ModelVersion:
     if facts.base_model_version is not None:
         return facts.base_model_version
     version = cfg.model.model_version
-    return "sd1" if version == "auto" else version
+    return DEFAULT_FAMILY if version == "auto" else version
 
 
 def is_v_prediction(cfg: Any, facts: RunFacts) -> bool:
@@ -153,7 +164,7 @@ def modelspec_metadata(cfg: Any, facts: RunFacts, *, adapter: Optional[str] = "l
     save = cfg.saving
     width, height = resolution_of(cfg, facts)
     stamp = time.time() if timestamp is None else timestamp
-    sgm = adapter == "textual-inversion" or adapter is None or version == "sdxl"
+    sgm = adapter == "textual-inversion" or adapter is None or lora_naming(version).SGM_LAYOUT
     meta = {
         "modelspec.sai_model_spec": SPEC_VERSION,
         "modelspec.architecture": modelspec_architecture(version, v_pred, adapter),
@@ -221,7 +232,7 @@ def _ss_network(cfg: Any, facts: RunFacts) -> dict[str, Any]:
         "ss_network_dropout": net.network_dropout,
         "ss_network_args": json.dumps(network_args(cfg)),
         "ss_base_model_version": base_model_version_str(version, is_v_prediction(cfg, facts)),
-        "ss_v2": version == "sd2",
+        "ss_v2": lora_naming(version).is_v2(naming_family(version)),
         "ss_clip_skip": cfg.model.clip_skip,
         "ss_max_token_length": cfg.dataset.max_token_length,  # None: 75, the CLIP window
     }

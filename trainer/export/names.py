@@ -1,9 +1,11 @@
 """Module names as the files name them: kohya's ``lora_unet_...`` from a module path, the CLIP
 text encoder's path under ``text_model.``, and the model under its DDP / compile wrappers.
 
-Shared by the LoRA and LyCORIS writers (:mod:`trainer.export.lora`, :mod:`trainer.export.lycoris`)
-and the single-file checkpoint writer (:mod:`trainer.families.sd.checkpoint`); imports nothing of the
-trainer, so none of them has to import another for a name.
+Shared by the LoRA and LyCORIS writers (:mod:`trainer.export.lora`,
+:mod:`trainer.export.lycoris`) and the single-file checkpoint writer
+(:mod:`trainer.families.sd.checkpoint`); imports nothing of the trainer, so none of them has to
+import another for a name. Which prefix each text encoder takes is the family's
+(``TE_PREFIXES`` of its lora role, :func:`trainer.export.metadata.lora_naming`).
 """
 
 from __future__ import annotations

@@ -73,10 +73,11 @@ def role(name: str, role_name: str) -> Optional[ModuleType]:
         raise
 
 
-def family(name: str) -> Any:
+def family(name: str, guidance: Optional[float] = None) -> Any:
     """The family object of ``name`` (its conditioning role's ``family(name)``): the text
-    encoders, prompt encoding, the denoiser call and the sample pipeline."""
-    return role(name, "conditioning").family(name)
+    encoders, prompt encoding, the denoiser call and the sample pipeline; ``guidance``: the
+    distilled guidance a guidance-distilled transformer reads (``flow.guidance_scale``)."""
+    return role(name, "conditioning").family(name, guidance=guidance)
 
 
 def family_of(model: Any) -> Any:

@@ -37,8 +37,8 @@ def sgm_block(name: str) -> int:
 
 def unet_blocks(unet: torch.nn.Module) -> list[list[tuple[str, torch.nn.Parameter]]]:
     """The diffusers UNet's (name, parameter) pairs in each of sd-scripts' 23 blocks."""
-    from trainer.families.sd.checkpoint import original_module_path, unet_prefix_map
     from trainer.export.names import unwrap
+    from trainer.families.sd.checkpoint import original_module_path, unet_prefix_map
 
     inner = unwrap(unet)
     prefixes = unet_prefix_map(inner.config)

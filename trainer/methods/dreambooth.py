@@ -14,33 +14,33 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from trainer.families import family, family_of, names, spec
 from trainer.methods.base import MethodBase
-from trainer.families import family_of
 
-# a whole FLUX.1 / SD 3.5 checkpoint's parts (trainer/families/common/mmdit_checkpoint.py's names)
-FLOW_PARTS = {"flux1": ("transformer", "vae", "clip_l", "t5xxl"),
-              "sd3": ("transformer", "vae", "clip_l", "clip_g", "t5xxl")}
+# a whole checkpoint's parts per transformer family (trainer/tools/merge.py reads them; the
+# family objects hold them)
+FLOW_PARTS = {name: family(name).checkpoint_parts for name in names(denoiser="transformer")}
 
 
 class DreamBoothMethod(MethodBase):
     def whole_modules(self, model: Any) -> list[Any]:
-        unet = [model.unet] if self.cfg.network.train_unet else []
+        unet = [model.denoiser] if self.cfg.network.train_unet else []
         return unet + [encoder for _, encoder, _ in self.trained_text_encoders(model)]
 
     def prepare(self, model: Any) -> list[dict[str, Any]]:
         net, opt = self.cfg.network, self.cfg.optimizer
         encoders = self.trained_text_encoders(model)
         model.vae.requires_grad_(False)
-        model.unet.requires_grad_(net.train_unet)
+        model.denoiser.requires_grad_(net.train_unet)
         for _, encoder, _ in family_of(model).text_encoders(model):
             encoder.requires_grad_(False)
         groups: list[dict[str, Any]] = []
         if net.train_unet and opt.block_lr is not None:  # SDXL: sd-scripts' --block_lr
             from trainer.methods.block_lr import block_groups
 
-            groups += block_groups(model.unet, opt.block_lr)
+            groups += block_groups(model.denoiser, opt.block_lr)
         elif net.train_unet:
-            groups.append({"params": list(model.unet.parameters()),
+            groups.append({"params": list(model.denoiser.parameters()),
                            "lr": opt.unet_lr or opt.learning_rate, "name": "unet"})
         for name, encoder, lr in encoders:
             encoder.requires_grad_(True)
@@ -52,14 +52,14 @@ class DreamBoothMethod(MethodBase):
         return groups
 
     def save(self, path: Path, model: Any, facts: Any, final: bool = True) -> Path:
-        if model.version in ("flux1", "sd3"):
+        if spec(model.version).denoiser == "transformer":  # the MMDiT single-file writer
             return self._save_flow(path, model, facts, final)
-        from trainer.families.sd.checkpoint import save_checkpoint
         from trainer.export.lora import unwrap
         from trainer.export.metadata import modelspec_metadata
+        from trainer.families.sd.checkpoint import save_checkpoint
         from trainer.families.sd.pipeline_folder import save_pipeline_folder
 
-        unet, text_encoder = unwrap(model.unet), unwrap(model.text_encoder)
+        unet, text_encoder = unwrap(model.denoiser), unwrap(model.text_encoder)
         te2 = getattr(model, "text_encoder_2", None)
         te2 = unwrap(te2) if te2 is not None else None
         metadata = modelspec_metadata(self.cfg, facts, adapter=None)
@@ -74,19 +74,18 @@ class DreamBoothMethod(MethodBase):
         """FLUX.1 / SD 3.5: one file in the original layout (BFL's transformer alone, or SAI's
         transformer + VAE, as those models ship; with every component, ComfyUI's "all in one"
         form, when a text encoder trained) and the diffusers folder."""
-        from trainer.families.common.mmdit_checkpoint import save_flow_checkpoint
         from trainer.export.lora import unwrap
+        from trainer.families.common.mmdit_checkpoint import save_flow_checkpoint
         from trainer.families.sd.pipeline_folder import save_flow_pipeline_folder
 
-        transformer = unwrap(model.unet)
+        transformer = unwrap(model.denoiser)
         trained = {name: unwrap(encoder) for name, encoder, _ in
                    self.trained_text_encoders(model)}
         components = {"transformer": transformer, "vae": model.vae}
-        for name, _, _ in family_of(model).text_encoders(model):
+        family = family_of(model)
+        for name, _, _ in family.text_encoders(model):
             components[name] = trained.get(name, getattr(model, name))
-        parts = FLOW_PARTS[model.version]
-        if not trained:
-            parts = parts[:1] if model.version == "flux1" else parts[:2]
+        parts = family.checkpoint_parts if trained else family.shipped_parts
         save_flow_checkpoint(path, components, flow_checkpoint_family(model),
                              parts=parts, dtype=self.save_dtype)
         if final or self.cfg.saving.intermediate_diffusers:
@@ -96,8 +95,6 @@ class DreamBoothMethod(MethodBase):
 
 
 def flow_checkpoint_family(model: Any) -> str:
-    """trainer/families/common/mmdit_checkpoint.py's family name of a loaded FLUX.1 / SD 3.x model."""
-    if model.version == "flux1":
-        return f"flux1-{model.variant}"
-    return {"5-large": "sd35-large", "5-medium": "sd35-medium"}.get(model.variant,
-                                                                    "sd3-medium")
+    """trainer/families/common/mmdit_checkpoint.py's family name of a loaded FLUX.1 / SD 3.x
+    model (``flux1-dev``, ``sd35-large``)."""
+    return family_of(model).checkpoint_name(model.variant)

@@ -2,8 +2,9 @@
 
 FLUX.1: sd-scripts' kohya keys on the BFL layout (trainer/families/flux/lora.py), CLIP-L as
 ``lora_te1_`` and T5 as ``lora_te3_``; SD 3.5: the ``transformer.*`` form that diffusers and
-ComfyUI both load (trainer/families/sd3/lora.py). The metadata is the run's ``ss_*`` keys with
-the family's version, architecture and the ``[flow]`` settings (trainer/families/common/mmdit_lora_file.py).
+ComfyUI both load (trainer/families/sd3/lora.py); the family's lora role makes them
+(``run_state_dict``). The metadata is the run's ``ss_*`` keys with the family's version,
+architecture and the ``[flow]`` settings (trainer/families/common/mmdit_lora_file.py).
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ import torch
 
 def flow_info(model: Any, cfg: Any) -> Any:
     """The file's record of the model and the objective's settings."""
+    from trainer.families import family
     from trainer.families.common.mmdit_lora_file import FlowLoraInfo
 
     f = cfg.flow
     return FlowLoraInfo(
         family=model.version, variant=model.variant,
-        guidance_scale=f.guidance_scale if model.version == "flux1" else None,
+        guidance_scale=f.guidance_scale if family(model.version).takes_guidance else None,
         timestep_sampling=f.timestep_sampling, discrete_flow_shift=f.discrete_flow_shift,
         model_prediction_type=f.model_prediction_type, sigmoid_scale=f.sigmoid_scale,
         weighting_scheme=f.weighting_scheme, logit_mean=f.logit_mean, logit_std=f.logit_std,
@@ -31,19 +33,11 @@ def flow_info(model: Any, cfg: Any) -> Any:
 def save_flow_run_lora(path: str | Path, model: Any, cfg: Any, facts: Any, dtype: torch.dtype,
                        encoders: list[str]) -> Path:
     """Write the run's LoRA at ``path``; ``encoders``: the text encoders that got one."""
-    from trainer.families.common.mmdit_lora_file import save_flow_lora
-    from trainer.families.flux.lora import flux_kohya_state_dict
     from trainer.export.metadata import build_lora_metadata
-    from trainer.families.sd3.lora import sd3_state_dict
+    from trainer.families import role
+    from trainer.families.common.mmdit_lora_file import save_flow_lora
 
-    def encoder(name: str) -> Any:
-        return getattr(model, name) if name in encoders else None
-
-    transformer = model.unet if cfg.network.train_unet else None
-    if model.version == "flux1":
-        tensors = flux_kohya_state_dict(transformer, encoder("text_encoder"),
-                                        encoder("text_encoder_2"), dtype=dtype)
-    else:
-        tensors = sd3_state_dict(transformer, encoder("text_encoder"), encoder("text_encoder_2"),
-                                 dtype=dtype)
+    transformer = model.denoiser if cfg.network.train_unet else None
+    trained = {name: getattr(model, name) for name in encoders}
+    tensors = role(model.version, "lora").run_state_dict(transformer, trained, dtype)
     return save_flow_lora(path, tensors, flow_info(model, cfg), build_lora_metadata(cfg, facts))

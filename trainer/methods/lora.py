@@ -8,9 +8,9 @@ import torch
 from peft import LoraConfig, inject_adapter_in_model
 
 from trainer.config import TrainConfig
+from trainer.families import family_of, role, spec
 from trainer.methods.base import MethodBase
 from trainer.methods.fast_lora import lean_forward
-from trainer.families import family_of
 
 # The Linear (and 1x1 conv) layers of the UNet's transformer blocks, as sd-scripts targets them.
 UNET_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "proj_in", "proj_out", "ff.net.0.proj",
@@ -53,17 +53,13 @@ def denoiser_lora_config(cfg: TrainConfig, model: Any) -> LoraConfig:
     """The UNet's LoRA, or the transformer's of FLUX.1 / SD 3.5 on sd-scripts' modules
     (trainer/families/flux/lora.py and sd3_lora.py name them; full paths, which peft matches
     exactly)."""
-    if model.version not in ("flux1", "sd3"):
+    if spec(model.version).denoiser == "unet":
         from trainer.methods.lora_groups import block_lora_config  # block_dims, lr weights
 
-        return block_lora_config(cfg, model.unet, model.version, UNET_TARGETS,
+        return block_lora_config(cfg, model.denoiser, model.version, UNET_TARGETS,
                                  UNET_CONV_TARGETS) or unet_lora_config(cfg)
-    from trainer.families.flux.lora import flux_target_modules
-    from trainer.families.sd3.lora import sd3_target_modules
-
     net = cfg.network
-    targets = (flux_target_modules(model.unet, net.train_blocks) if model.version == "flux1"
-               else sd3_target_modules(model.unet))
+    targets = role(model.version, "lora").target_modules(model.denoiser, net.train_blocks)
     return LoraConfig(r=net.network_dim, lora_alpha=net.network_alpha,
                       lora_dropout=net.network_dropout or 0.0, init_lora_weights="gaussian",
                       target_modules=targets)
@@ -83,7 +79,7 @@ class LoraMethod(MethodBase):
         """Freeze the base model, inject the adapters and return the parameter groups."""
         opt = self.cfg.optimizer
         encoders = self.trained_text_encoders(model)
-        for module in (model.unet, model.vae, *(e for _, e, _ in family_text_encoders(model))):
+        for module in (model.denoiser, model.vae, *(e for _, e, _ in family_text_encoders(model))):
             module.requires_grad_(False)
         from trainer.methods.lora_groups import network_groups  # LoRA+, block-wise rates
         from trainer.methods.lora_weights import NetworkWeights  # network_weights
@@ -91,9 +87,9 @@ class LoraMethod(MethodBase):
         weights = NetworkWeights.open(self.cfg, model, ["unet", *(n for n, _, _ in encoders)])
         groups: list[dict[str, Any]] = []
         if self.cfg.network.train_unet:
-            model.unet.add_adapter((weights and weights.config("unet", model.unet))
+            model.denoiser.add_adapter((weights and weights.config("unet", model.denoiser))
                                    or denoiser_lora_config(self.cfg, model))
-            groups += network_groups(self.cfg, "unet", model.unet,
+            groups += network_groups(self.cfg, "unet", model.denoiser,
                                      opt.unet_lr or opt.learning_rate, model.version)
         t5 = family_of(model).t5_slot()
         for name, encoder, lr in encoders:
@@ -103,11 +99,11 @@ class LoraMethod(MethodBase):
             groups += network_groups(self.cfg, name, encoder, lr)
         self.trains_text_encoder = bool(encoders)
         self.saved_encoders = [name for name, _, _ in encoders]
-        trained = [("unet", model.unet)] if self.cfg.network.train_unet else []
+        trained = [("unet", model.denoiser)] if self.cfg.network.train_unet else []
         trained += [(name, encoder) for name, encoder, _ in encoders]
         if weights is not None:
             weights.load(trained)  # before the lean forward reads each layer's scale
-        for network in (model.unet, *(e for _, e, _ in encoders)):
+        for network in (model.denoiser, *(e for _, e, _ in encoders)):
             lean_forward(network)  # peft's layers, bit for bit, with less Python per call
         from trainer.methods.lora_regularize import add_dropout  # sd-scripts' rank/module
 
@@ -134,7 +130,7 @@ class LoraMethod(MethodBase):
     def save(self, path, model: Any, facts: Any, final: bool = True):
         from trainer.export.lora import save_lora
 
-        if model.version in ("flux1", "sd3"):
+        if spec(model.version).denoiser == "transformer":  # the family's own LoRA form
             from trainer.methods.flow_lora import save_flow_run_lora
 
             return save_flow_run_lora(path, model, self.cfg, facts, self.save_dtype,
@@ -142,7 +138,7 @@ class LoraMethod(MethodBase):
         # a text encoder's LoRA stays in the file after stop_text_encoder_training froze it
         te, te2 = (getattr(model, n) if n in self.saved_encoders else None
                    for n in ("text_encoder", "text_encoder_2"))
-        return save_lora(path, model.unet if self.cfg.network.train_unet else None, te,
+        return save_lora(path, model.denoiser if self.cfg.network.train_unet else None, te,
                          self.cfg, facts, self.save_dtype, text_encoder_2=te2)
 
 

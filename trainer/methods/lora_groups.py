@@ -20,15 +20,19 @@ import torch
 from trainer.config import TrainConfig
 from trainer.config.lora_blocks import block_index, block_lr_weights, block_ranks
 from trainer.export.names import kohya_module_name, unwrap
+from trainer.families import FAMILIES
 
-SD_FAMILIES = ("sd1", "sd2", "sdxl")
+
+def _has_unet(family: Optional[str]) -> bool:
+    """Whether ``family`` denoises with a UNet (whose blocks the block-wise options name)."""
+    return family in FAMILIES and FAMILIES[family].denoiser == "unet"
 
 
 def kohya_unet_namer(unet: torch.nn.Module, family: str) -> Callable[[str], str]:
     """diffusers module path -> kohya name (``lora_unet_...``; SDXL on the SGM layout)."""
-    from trainer.export.lora import sgm_unet_names
+    from trainer.export.metadata import lora_naming
 
-    rename = sgm_unet_names(unet) if family == "sdxl" else (lambda p: p)
+    rename = lora_naming(family).unet_rename(unet) or (lambda p: p)
     return lambda path: kohya_module_name("lora_unet", rename(path))
 
 
@@ -50,7 +54,7 @@ def block_lora_config(cfg: TrainConfig, unet: torch.nn.Module, family: str,
     from peft import LoraConfig
 
     net = cfg.network
-    ranks = block_ranks(net, family) if family in SD_FAMILIES else None
+    ranks = block_ranks(net, family) if _has_unet(family) else None
     if ranks is None:
         return None
     suffixes = targets + (conv_targets if ranks["conv_dims"] else [])
@@ -88,7 +92,7 @@ def network_groups(cfg: TrainConfig, name: str, module: torch.nn.Module, lr: flo
     A and B (``<name> plus`` at lr x the LoRA+ ratio) when LoRA+ is on."""
     unet = name == "unet"
     ratio = _loraplus_ratio(cfg, unet)
-    weights = block_lr_weights(cfg.network, family) if unet and family in SD_FAMILIES else None
+    weights = block_lr_weights(cfg.network, family) if unet and _has_unet(family) else None
     namer = kohya_unet_namer(module, family) if weights is not None else None
     buckets: dict[tuple[int, bool], list[torch.nn.Parameter]] = {}
     for path, param in unwrap(module).named_parameters():

@@ -26,9 +26,22 @@ class WeightsFileError(ValueError):
     """network.network_weights cannot be used with this network (the message says why)."""
 
 
-_FAMILY_OF_VERSION = {"sd_v1": "sd1", "sd_v2": "sd2", "sdxl_base_v1-0": "sdxl"}
-NAMES = {"sd1": "SD 1.x", "sd2": "SD 2.x", "sdxl": "SDXL", "flux1": "FLUX.1", "sd3": "SD 3.5",
-         "sd": "SD 1.x/2.x"}
+SD_1_OR_2 = "sd"  # file_family's answer for SD 1.x or 2.x module names (their folder's name)
+
+
+def _family_of_version(version: str) -> Optional[str]:
+    """The family whose ``ss_base_model_version`` (its spec's ``kohya_version``) begins
+    ``version`` (``sd_v2_v`` -> sd2)."""
+    from trainer.families import FAMILIES
+
+    return next((s.name for s in FAMILIES.values()
+                 if s.kohya_version and version.startswith(s.kohya_version)), None)
+
+
+def family_label(family: str) -> str:
+    from trainer.families import FAMILIES
+
+    return FAMILIES[family].label if family in FAMILIES else "SD 1.x/2.x"
 
 
 def read_weights(path: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -46,18 +59,18 @@ def file_family(keys: list[str], metadata: dict[str, str]) -> Optional[str]:
     """sd1 / sd2 / sdxl from ``ss_base_model_version``, else sd (1.x or 2.x), sdxl, flux1 or
     sd3 from the module names."""
     version = metadata.get("ss_base_model_version", "")
-    for prefix, family in _FAMILY_OF_VERSION.items():
-        if version.startswith(prefix):
-            return family
+    named = _family_of_version(version)
+    if named is not None:
+        return named
     text = " ".join(keys[:2000])
-    if "double_blocks" in text or "single_blocks" in text or version.startswith("flux"):
+    if "double_blocks" in text or "single_blocks" in text:
         return "flux1"
     if any(k.startswith("transformer.") for k in keys) or "joint_blocks" in text:
         return "sd3"
     if re.search(r"lora_te[12]_|lora_unet_(input|output)_blocks|lora_unet_middle_block", text):
         return "sdxl"
     if re.search(r"lora_te_|lora_unet_(down|up)_blocks|lora_unet_mid_block", text):
-        return "sd"
+        return SD_1_OR_2
     return None
 
 
@@ -75,10 +88,11 @@ def check_file(path: str, tensors: dict, metadata: dict, version: str, network_t
     """Refuse a file of another family or network kind, naming both."""
     keys = list(tensors)
     family = file_family(keys, metadata)
-    same = family == version or (family == "sd" and version in ("sd1", "sd2"))
+    same = family == version or family == _folder(version)  # "sd": SD 1.x or 2.x
     if family is not None and not same:
-        raise WeightsFileError(f"network.network_weights = {path!r} is a {NAMES[family]} "
-                               f"file; the model is {NAMES.get(version, version)}")
+        raise WeightsFileError(f"network.network_weights = {path!r} is a "
+                               f"{family_label(family)} file; the model is "
+                               f"{family_label(version) if _folder(version) else version}")
     kind = file_kind(keys)
     want = {"lora": "lora", "locon": "lora", "dora": "lora", "loha": "loha", "lokr": "lokr",
             "ia3": "ia3"}[network_type]
@@ -88,18 +102,24 @@ def check_file(path: str, tensors: dict, metadata: dict, version: str, network_t
                                f"the file's type")
 
 
+def _folder(version: str) -> Optional[str]:
+    from trainer.families import FAMILIES
+
+    return FAMILIES[version].folder if version in FAMILIES else None
+
+
 def namers(model: Any, version: str, names: list[str]) -> dict[str, Callable[[str], str]]:
     """component -> (module path -> kohya module name), as trainer/export writes them."""
-    from trainer.export.lora import sgm_unet_names
+    from trainer.export.metadata import lora_naming
 
+    naming = lora_naming(version)
     out = {}
     for name in names:
         if name == "unet":
-            rename = sgm_unet_names(model.unet) if version == "sdxl" else (lambda p: p)
+            rename = naming.unet_rename(model.denoiser) or (lambda p: p)
             out[name] = (lambda r: lambda p: kohya_module_name("lora_unet", r(p)))(rename)
         else:
-            prefix = {"text_encoder": "lora_te1" if version == "sdxl" else "lora_te",
-                      "text_encoder_2": "lora_te2"}[name]
+            prefix = {"text_encoder_2": "lora_te2", **naming.TE_PREFIXES}[name]
             out[name] = (lambda pre: lambda p: kohya_module_name(
                 pre, text_encoder_module_path(p)))(prefix)
     return out
@@ -225,15 +245,15 @@ class NetworkWeights:
 def load_lycoris_weights(cfg: Any, model: Any, loras: list[Any], encoders: list[str]) -> int:
     """network_weights for the LyCORIS types: each module's tensors under the name
     :mod:`trainer.export.lycoris` writes it with."""
-    from trainer.export.lora import sgm_unet_names
     from trainer.export.lycoris import _module_places
+    from trainer.export.metadata import lora_naming
 
     path = cfg.network.network_weights
     tensors, metadata = read_weights(path)
     check_file(path, tensors, metadata, model.version, cfg.network.network_type)
-    sdxl = model.version == "sdxl"
-    prefixes = {"text_encoder": "lora_te1" if sdxl else "lora_te", "text_encoder_2": "lora_te2"}
-    roots = [("lora_unet", model.unet, sgm_unet_names(model.unet) if sdxl else None)]
+    naming = lora_naming(model.version)
+    prefixes = {"text_encoder_2": "lora_te2", **naming.TE_PREFIXES}
+    roots = [("lora_unet", model.denoiser, naming.unet_rename(model.denoiser))]
     roots += [(prefixes[n], getattr(model, n), text_encoder_module_path) for n in encoders]
     places = _module_places(roots)
     names = {}

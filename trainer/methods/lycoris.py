@@ -126,10 +126,10 @@ class LycorisMethod(MethodBase):
 
         opt, net = self.cfg.optimizer, self.cfg.network
         encoders = self.trained_text_encoders(model)
-        for module in (model.unet, model.vae, *(e for _, e, _ in family_text_encoders(model))):
+        for module in (model.denoiser, model.vae, *(e for _, e, _ in family_text_encoders(model))):
             module.requires_grad_(False)
-        network = build_network(self.cfg, model.unet, [e for _, e, _ in encoders])
-        network.apply_to([e for _, e, _ in encoders], model.unet,
+        network = build_network(self.cfg, model.denoiser, [e for _, e, _ in encoders])
+        network.apply_to([e for _, e, _ in encoders], model.denoiser,
                          apply_text_encoder=bool(encoders), apply_unet=net.train_unet)
         if net.network_weights:  # continue from a file
             from trainer.methods.lora_weights import load_lycoris_weights
@@ -137,7 +137,8 @@ class LycorisMethod(MethodBase):
             load_lycoris_weights(self.cfg, model, list(network.loras), [n for n, _, _ in encoders])
         groups: list[dict[str, Any]] = []
         if net.train_unet:
-            groups.append({"params": attach(model.unet, _owned_by(model.unet, network.loras)),
+            owned = _owned_by(model.denoiser, network.loras)
+            groups.append({"params": attach(model.denoiser, owned),
                            "lr": opt.unet_lr or opt.learning_rate, "name": "unet"})
         for name, encoder, lr in encoders:
             groups.append({"params": attach(encoder, _owned_by(encoder, network.loras)),
@@ -152,5 +153,5 @@ class LycorisMethod(MethodBase):
         from trainer.export.lycoris import save_lycoris
 
         encoders = [(name, getattr(model, name)) for name in self.saved_encoders]
-        return save_lycoris(path, self.loras, model.unet, encoders, self.cfg, facts,
+        return save_lycoris(path, self.loras, model.denoiser, encoders, self.cfg, facts,
                             self.save_dtype)

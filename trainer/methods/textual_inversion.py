@@ -189,7 +189,7 @@ class TextualInversionMethod(MethodBase):
             starts = list(embedding_file_vectors(net.embedding_weights, widths, len(names)))
         self.tables = [_Table(name, enc, tok, names, net, start)
                        for (name, enc, tok), start in zip(encoders, starts)]
-        for module in (model.unet, model.vae, *(enc for _, enc, _ in encoders)):
+        for module in (model.denoiser, model.vae, *(enc for _, enc, _ in encoders)):
             module.requires_grad_(False)
         weights = [table.weight(model) for table in self.tables]
         for weight in weights:

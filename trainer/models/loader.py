@@ -24,7 +24,8 @@ from trainer import families as registry
 from trainer.config import ModelSection
 from trainer.config.paths import data_home
 from trainer.families.common import files as file_checks
-from trainer.families.sd import detect as families, load as single_file
+from trainer.families.sd import detect as families
+from trainer.families.sd import load as single_file
 from trainer.families.sd.detect import FAMILIES, Family, ModelLoadError
 from trainer.models import lazy_diffusers, tokenizers
 
@@ -38,7 +39,7 @@ CACHE_INFO = "single_file.json"
 
 @dataclass
 class BaseModel:
-    unet: Any  # the denoiser: a UNet (SD 1.x, 2.x, SDXL) or a transformer (FLUX.1, SD 3.5)
+    denoiser: Any  # a UNet (SD 1.x, 2.x, SDXL) or a transformer (FLUX.1, SD 3.5)
     vae: Any
     text_encoder: Any
     tokenizer: Any
@@ -55,12 +56,12 @@ class BaseModel:
     variant: str = ""  # FLUX.1 "dev" / "schnell"; SD 3.x "5-large" / "5-medium" / "medium"
     t5_max_length: int = 0  # tokens of T5 per caption (the flow families)
     prompt_options: Any = None  # SD families: long / weighted / unpadded captions (long_prompts)
-    build_denoiser: Any = None  # (dtype) -> the denoiser, while ``unet`` is None (text_first)
+    build_denoiser: Any = None  # (dtype) -> the denoiser, while that is None (text_first)
 
     @property
-    def denoiser(self) -> Any:
-        """The UNet or the transformer (held in ``unet``)."""
-        return self.unet
+    def unet(self) -> Any:
+        """The denoiser under its old name, read-only (for the tests' and the tools' reads)."""
+        return self.denoiser
 
     @property
     def vae_id(self) -> str:
@@ -93,7 +94,7 @@ def load_base_model(section: ModelSection, dtype: Any = None, t5_frozen: bool = 
     FLUX.1 / SD 3.x single file is built in (the others load in fp32, but for an SD file's UNet
     with model.base_precision = "fp8", stored in fp8 at the load); ``t5_frozen``: the run
     does not train T5 (its fp8 storage may then begin at the load); ``defer_denoiser``: a
-    FLUX.1 / SD 3.x single file's transformer is left unbuilt (``unet`` None) until
+    FLUX.1 / SD 3.x single file's transformer is left unbuilt (``denoiser`` None) until
     ``build_denoiser(dtype)`` is called (trainer/run/text_first.py)."""
     lazy_diffusers.install()  # import only the UNet / transformer and autoencoder it uses
     path = resolve_model_path(section.pretrained_model_name_or_path)
@@ -128,11 +129,11 @@ def load_base_model(section: ModelSection, dtype: Any = None, t5_frozen: bool = 
 
 
 def _flow_file(path: Path) -> bool:
-    """Whether the file is FLUX.1 / SD 3.x (:func:`trainer.families.detect_path`); for
-    another, the UNet families' loader reports what it holds."""
-    from trainer.families import family_or_none, is_flow
-
-    return is_flow(family_or_none(path))
+    """Whether the file holds a transformer family's model (FLUX.1, SD 3.x;
+    :func:`trainer.families.detect_path`), which the MMDiT loader reads; for another, the UNet
+    families' loader reports what it holds."""
+    name = registry.family_or_none(path)
+    return name is not None and registry.spec(name).denoiser == "transformer"
 
 
 def _folder_version(path: Path) -> str:
@@ -148,12 +149,14 @@ def _folder_version(path: Path) -> str:
 def _check_folder_version(detected: str, requested: str, width: int) -> str:
     if requested == "auto" or requested == detected:
         return detected
-    if requested in ("flux1", "sd3"):
+    wanted = registry.spec(requested)
+    if wanted.denoiser != "unet":  # a transformer family: its own folder loader reads it
         raise ModelLoadError(f"model.model_version = {requested!r}, but {FIELD} holds a "
                              f"{FAMILIES[detected].label} model; point {FIELD} at a "
-                             f"{'FLUX.1' if requested == 'flux1' else 'SD 3.5'} diffusers "
-                             f"folder or single file, or set model.model_version to 'auto'")
-    if "sdxl" in (requested, detected) or width in (768, 1024):
+                             f"{wanted.label} diffusers folder or single file, or set "
+                             f"model.model_version to 'auto'")
+    # SD 1.x and 2.x share a folder: a tiny model of neither's width may be either
+    if wanted.folder != registry.spec(detected).folder or width in (768, 1024):
         raise ModelLoadError(f"model.model_version = {requested!r}, but the model looks like "
                              f"{detected} (text encoder width {width}); set it to auto")
     return requested  # a model of no standard width (a tiny test model): as the setting says
@@ -166,7 +169,7 @@ def _load_folder(path: Path, sdxl: bool) -> dict[str, Any]:
     local = {"local_files_only": True}
     try:
         parts = {
-            "unet": UNet2DConditionModel.from_pretrained(path, subfolder="unet", **local),
+            "denoiser": UNet2DConditionModel.from_pretrained(path, subfolder="unet", **local),
             "vae": AutoencoderKL.from_pretrained(path, subfolder="vae", **local),
             "text_encoder": CLIPTextModel.from_pretrained(path, subfolder="text_encoder",
                                                           **local),
@@ -195,13 +198,13 @@ def _from_folder(path: Path, section: ModelSection) -> BaseModel:
                                  f"whose VAE is its own; unset model.vae")
         return BaseModel(**load_flow_folder(path, section, flow))
     detected = _folder_version(path)
-    parts = _load_folder(path, detected == "sdxl")
+    parts = _load_folder(path, len(registry.spec(detected).text_encoders) == 2)
     if section.vae:
         parts["vae"] = _load_vae(Path(section.vae).expanduser(), path)
     width = parts["text_encoder"].config.hidden_size
     version = _check_folder_version(detected, section.model_version, width)
     prediction = section.prediction_type or parts["noise_scheduler"].config.prediction_type
-    resolution = families.native_resolution(parts["unet"].config, parts["vae"].config)
+    resolution = families.native_resolution(parts["denoiser"].config, parts["vae"].config)
     return BaseModel(**parts, version=version, prediction_type=prediction, source=str(path),
                      name=path.name,
                      description=families.describe(FAMILIES[version], prediction, resolution))
@@ -317,7 +320,8 @@ def _from_single_file(path: Path, section: ModelSection, fp8: Any = None) -> Bas
         raise ModelLoadError(f"{FIELD} = {str(path)!r}: {exc}") from None
     if section.vae:
         parts["vae"] = _load_vae(Path(section.vae).expanduser(), config_dir)
-    resolution = families.native_resolution(parts["unet"].config, parts["vae"].config)
+    parts["denoiser"] = parts.pop("unet")
+    resolution = families.native_resolution(parts["denoiser"].config, parts["vae"].config)
     return BaseModel(**parts, **toks, noise_scheduler=_scheduler(config_dir, family, prediction),
                      version=family.name, prediction_type=prediction, source=str(path),
                      name=path.stem,
@@ -340,20 +344,7 @@ def _cache_folder(path: Path, section: ModelSection) -> Path:
 
 
 def _save_cache(model: BaseModel, folder: Path) -> None:
-    from diffusers import StableDiffusionPipeline, StableDiffusionXLPipeline
-
-    from trainer.families import family_of
-
-    common = dict(unet=model.unet, vae=model.vae, text_encoder=model.text_encoder,
-                  tokenizer=model.tokenizer, scheduler=model.noise_scheduler)
-    if model.version in ("flux1", "sd3"):
-        pipe = family_of(model).pipeline(model, model.unet, model.noise_scheduler)
-    elif model.version == "sdxl":
-        pipe = StableDiffusionXLPipeline(**common, text_encoder_2=model.text_encoder_2,
-                                         tokenizer_2=model.tokenizer_2, add_watermarker=False)
-    else:
-        pipe = StableDiffusionPipeline(**common, safety_checker=None, feature_extractor=None,
-                                       requires_safety_checker=False)
+    pipe = registry.family_of(model).pipeline(model, model.denoiser, model.noise_scheduler)
     tmp = folder.with_name(folder.name + ".partial")
     try:
         pipe.save_pretrained(tmp, safe_serialization=True)

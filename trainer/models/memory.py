@@ -245,7 +245,7 @@ class MemoryPlan:
         self.t5 = _t5_of(model) if cfg.model.fp8_text_encoders else None
         self.held: list[torch.nn.Module] = []
         if self.base != "full" or self.swap is not None:
-            self.held.append(model.unet)
+            self.held.append(model.denoiser)
         if self.t5 is not None:
             self.held.append(self.t5)
 
@@ -274,8 +274,8 @@ class MemoryPlan:
                 # stored by the loader: computed in the run's precision
                 store_fp8(module, self.dtype, T5_SKIP if module is self.t5 else SKIP_PATTERNS)
         if self.base in QUANTIZED:
-            loaded = quantize.set_compute_dtype(self.model.unet, self.dtype)  # by the loader
-            count = quantize_linears(self.model.unet, self.base, self.dtype, self.device)
+            loaded = quantize.set_compute_dtype(self.model.denoiser, self.dtype)  # by the loader
+            count = quantize_linears(self.model.denoiser, self.base, self.dtype, self.device)
             how = " (quantized as the file loaded)" if loaded else ""
             log(f"Base weights: {count + loaded} Linear layers of the denoiser in {self.base} "
                 f"(bitsandbytes){how}, the adapters in full precision")
@@ -283,14 +283,14 @@ class MemoryPlan:
     def finish(self, log: Callable[[str], None]) -> None:
         """After the adapters exist: fp8 storage, then the held modules to the device."""
         if self.base == "fp8":
-            store_fp8(self.model.unet, self.dtype)
+            store_fp8(self.model.denoiser, self.dtype)
             log("Base weights: the denoiser's frozen Linear and Conv layers stored in fp8, "
                 "computed layer by layer in " + str(self.dtype).replace("torch.", ""))
         if self.t5 is not None and not any(p.requires_grad for p in self.t5.parameters()):
             store_fp8(self.t5, self.dtype, T5_SKIP)
             log("T5 text encoder stored in fp8")
         for module in self.held:
-            if module is self.model.unet and self.swap is not None:
+            if module is self.model.denoiser and self.swap is not None:
                 self._install_swap(log)
             else:
                 module.to(self.device)
@@ -299,16 +299,16 @@ class MemoryPlan:
     def _install_swap(self, log: Callable[[str], None]) -> None:
         from trainer.models.block_swap import BlockSwapper, swap_units
 
-        units = swap_units(self.model.unet)
+        units = swap_units(self.model.denoiser)
         swapped = {id(p) for u in units[len(units) - self.swap:] for p in u.parameters()}
-        for module in self.model.unet.modules():  # everything else goes to the device
+        for module in self.model.denoiser.modules():  # everything else goes to the device
             for param in module.parameters(recurse=False):
                 if id(param) not in swapped:
                     param.data = param.data.to(self.device)
             for name, buf in list(module._buffers.items()):
                 if buf is not None:
                     module._buffers[name] = buf.to(self.device)
-        quantize.place_state(self.model.unet, self.device, lambda p: id(p) not in swapped)
+        quantize.place_state(self.model.denoiser, self.device, lambda p: id(p) not in swapped)
         self.swapper = BlockSwapper(units, self.swap, self.device)
         log(f"Block swap: {self.swap} of the denoiser's {len(units)} blocks live in host "
             f"memory and visit the device as they run")

@@ -90,7 +90,7 @@ def _others_cores(before: Any, after: Any) -> float | None:
 
 
 def _key(s: Any) -> str:
-    unet = s.model.unet
+    unet = s.model.denoiser
     shape = f"{type(unet).__name__} {sum(p.numel() for p in unet.parameters()) / 1e6:.1f}M"
     return cpu_bf16.probe_key(s.device_info.name, torch.__version__, shape,
                               as_text(s.cfg.dataset.resolution), torch.get_num_threads())
@@ -100,13 +100,15 @@ def probe(model: Any, cfg: Any) -> tuple[float, float] | None:
     """Seconds of one denoiser forward + backward (gradient to the input, as a LoRA step needs
     through the frozen weights) at batch 1 and the run's resolution: fp32 as loaded and a bf16
     copy under autocast, each the best of two taken in turns. None when no copy can be made."""
-    copy = bf16_copy(model.unet)
+    copy = bf16_copy(model.denoiser)
     if copy is None:
         return None
-    inputs = _inputs(model, cfg)
+    from trainer.families import family_of
+
+    inputs, family = _inputs(model, cfg), family_of(model)  # FLUX.1: cfg's guidance
     fp32, bf16 = cpu_bf16.seconds_alternated(
-        lambda: _step(model, model.unet, cfg, inputs, False),
-        lambda: _step(model, copy, cfg, inputs, True))
+        lambda: _step(family, model, model.denoiser, cfg, inputs, False),
+        lambda: _step(family, model, copy, cfg, inputs, True))
     log.info("bf16 probe: fp32 %.3fs, bf16 %.3fs", fp32, bf16)
     return fp32, bf16
 
@@ -139,7 +141,9 @@ def _inputs(model: Any, cfg: Any) -> tuple[Any, ...]:
     width, height = base_size(cfg.dataset.resolution)
     noisy = torch.randn(1, vae.latent_channels, height // down, width // down,
                         generator=torch.Generator().manual_seed(0))
-    flow = model.version in ("flux1", "sd3")
+    from trainer.families import spec
+
+    flow = spec(model.version).objective == "flow"  # sigmas, not integer timesteps
     t = torch.tensor([0.5]) if flow else torch.tensor([500])
     with torch.no_grad():
         text = encode_captions(model, [""], cfg.model.clip_skip)
@@ -147,13 +151,12 @@ def _inputs(model: Any, cfg: Any) -> tuple[Any, ...]:
     return noisy, t, text, size_ids
 
 
-def _step(model: Any, denoiser: Any, cfg: Any, inputs: tuple[Any, ...], bf16: bool) -> None:
-    from trainer.families import family_of
-
+def _step(family: Any, model: Any, denoiser: Any, cfg: Any, inputs: tuple[Any, ...],
+          bf16: bool) -> None:
     noisy, t, text, size_ids = inputs
     x = noisy.clone().requires_grad_(True)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        pred = family_of(model).predict(model, x, t, text, size_ids, cfg, denoiser=denoiser)
+        pred = family.predict(model, x, t, text, size_ids, cfg, denoiser=denoiser)
     torch.autograd.grad(pred.float().square().mean(), x)
 
 

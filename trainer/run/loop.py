@@ -14,19 +14,11 @@ import time
 from typing import Optional
 
 from trainer.config import TrainConfig
-from trainer.events import (
-    Control,
-    Event,
-    EventSink,
-    Finished,
-    Log,
-    NullSink,
-    Started,
-    Step,
-    safe_emit,
-)
+from trainer.events import Control, EventSink, Finished, NullSink, Started, Step, safe_emit
 from trainer.optim.lr import effective_lr, lr_notes
 from trainer.run.meter import Meter
+from trainer.run.reporter import Reporter, StoppedBeforeTraining
+from trainer.run.state import Progress
 
 log = logging.getLogger(__name__)
 
@@ -34,12 +26,13 @@ log = logging.getLogger(__name__)
 def run(cfg: TrainConfig, sink: Optional[EventSink] = None,
         control: Optional[Control] = None) -> Finished:
     """Train as the config says. Never raises for a training error: it ends in Finished."""
-    job = _Job(cfg, sink or NullSink(), control or Control())
+    job = _Job(cfg, Reporter(sink or NullSink(), control or Control()))
+    out = job.out
     try:
         status = job.train()
-        result = Finished(status, job.step, output_path=job.output_path)
-    except _StoppedBeforeTraining:
-        job.log("Stopped before the first step; nothing was trained or saved")
+        result = Finished(status, job.progress.step, output_path=job.output_path)
+    except StoppedBeforeTraining:
+        out.log("Stopped before the first step; nothing was trained or saved")
         result = Finished("stopped", 0)
     except Exception as exc:  # noqa: BLE001 - every failure becomes a Finished event
         exc = _explained(exc, job)
@@ -47,17 +40,14 @@ def run(cfg: TrainConfig, sink: Optional[EventSink] = None,
         if not expected:
             log.exception("training failed")
         message = str(exc) if expected else f"{type(exc).__name__}: {exc}"
-        job.log(f"Failed: {message}", "error")
-        result = Finished("failed", job.step, output_path=job.output_path, error=message)
+        out.log(f"Failed: {message}", "error")
+        result = Finished("failed", job.progress.step, output_path=job.output_path,
+                          error=message)
     finally:
         if job.session is not None:
             job.session.release()
-    safe_emit(job.sink, result)
+    safe_emit(out.sink, result)
     return result
-
-
-class _StoppedBeforeTraining(Exception):
-    """Stop was pressed while the data or the model were being prepared."""
 
 
 def _explained(exc: Exception, job: _Job) -> Exception:
@@ -69,7 +59,7 @@ def _explained(exc: Exception, job: _Job) -> Exception:
     if not is_out_of_memory(exc):
         return broken_compile_cache(exc) or exc
     info = job.session.device_info if job.session is not None else None
-    return out_of_memory(job.cfg, info, job.step + 1)
+    return out_of_memory(job.cfg, info, job.progress.step + 1)
 
 
 def _is_user_error(exc: Exception) -> bool:
@@ -79,35 +69,24 @@ def _is_user_error(exc: Exception) -> bool:
 
 
 class _Job:
-    """One run: the session it prepares, the step counter, and the reporter set-up uses."""
+    """The loop of one run: it prepares the session, then trains it step by step; ``out``
+    (a :class:`~trainer.run.reporter.Reporter`) is how it talks and ``progress`` (the one
+    :class:`~trainer.run.state.Progress`) where it is."""
 
-    def __init__(self, cfg: TrainConfig, sink: EventSink, control: Control):
-        self.cfg, self.sink, self.control = cfg, sink, control
-        self.step = 0
+    def __init__(self, cfg: TrainConfig, out: Reporter):
+        self.cfg, self.out = cfg, out
+        self.progress = Progress()
+        self.epoch_done = False  # every batch of progress.epoch was trained
         self.output_path: Optional[str] = None
         self.session = None
         self.started_at = time.time()
-        self._sampled_at: Optional[int] = None
-        self.epoch, self.position, self.epoch_done = 1, 0, False
         self.meter = Meter()
-
-    # the Reporter of trainer.run.session
-    def log(self, message: str, level: str = "info") -> None:
-        getattr(log, "warning" if level == "warning" else "info")(message)
-        safe_emit(self.sink, Log(message, level))
-
-    def emit(self, event: Event) -> None:
-        safe_emit(self.sink, event)
-
-    def check_stop(self) -> None:
-        if self.control.stop_requested:
-            raise _StoppedBeforeTraining
 
     def train(self) -> str:
         from trainer.run.session import Session, prepare
 
         self.session = Session(self.cfg)
-        prepare(self.session, self)
+        prepare(self.session, self.out)
         self._started()
         return self._loop()
 
@@ -117,16 +96,17 @@ class _Job:
         n = s.accelerator.num_processes
         per_step = f" x {n} processes = {tr.train_batch_size * n} images per batch" if n > 1 \
             else ""
-        self.log(f"{data.num_images} images, {data.num_repeated} with repeats; batch "
-                 f"{tr.train_batch_size}{per_step} x accumulation "
-                 f"{tr.gradient_accumulation_steps}: "
-                 f"{plan.steps_per_epoch} steps/epoch x {plan.epochs} epochs = "
-                 f"{plan.total_steps} steps")
-        self.log("Buckets: " + ", ".join(f"{k}: {v}" for k, v in data.bucket_table().items()))
+        out = self.out
+        out.log(f"{data.num_images} images, {data.num_repeated} with repeats; batch "
+                f"{tr.train_batch_size}{per_step} x accumulation "
+                f"{tr.gradient_accumulation_steps}: "
+                f"{plan.steps_per_epoch} steps/epoch x {plan.epochs} epochs = "
+                f"{plan.total_steps} steps")
+        out.log("Buckets: " + ", ".join(f"{k}: {v}" for k, v in data.bucket_table().items()))
         for note in lr_notes(self.cfg.optimizer):
-            self.log(note, "warning")
+            out.log(note, "warning")
         self.started_at = time.time()
-        self.emit(Started(
+        out.emit(Started(
             total_steps=plan.total_steps, epochs=plan.epochs,
             steps_per_epoch=plan.steps_per_epoch, num_images=data.num_images,
             num_repeated_images=data.num_repeated, batch_size=tr.train_batch_size,
@@ -145,20 +125,21 @@ class _Job:
             stop_agreed,
         )
 
-        s, cfg = self.session, self.cfg
+        s, cfg, at = self.session, self.cfg, self.progress
         acc, plan, model, start = s.accelerator, s.plan, s.model, s.progress
         params = [p for g in s.optimizer.param_groups for p in g["params"]]
-        self.step, self.epoch, self._sampled_at = start.step, start.epoch, start.sampled_at
+        at.step, at.epoch, at.sampled_at = start.step, start.epoch, start.sampled_at
         self.meter.losses.extend(start.losses)
         for epoch in range(start.epoch, plan.epochs + 1):
-            self.epoch, self.epoch_done = epoch, False
-            self.position = start.position if epoch == start.epoch else 0
+            at.epoch, self.epoch_done = epoch, False
+            at.position = start.position if epoch == start.epoch else 0
             for batch in s.data.epoch(epoch, cfg.training.train_batch_size, cfg.training.seed,
-                                      skip=self.position, shard=s.shard):
-                self.position += 1
+                                      skip=at.position, shard=s.shard):
+                at.position += 1
                 with acc.accumulate(*s.trained):
-                    loss = batch_loss(batch, model, cfg, acc.device, s.dtype)
-                    check_loss(loss, self.step + 1, cfg, s.precision, batch.paths)
+                    loss = batch_loss(batch, model, cfg, acc.device, s.dtype, s.family,
+                                      s.objective)
+                    check_loss(loss, at.step + 1, cfg, s.precision, batch.paths)
                     acc.backward(loss)
                     if acc.sync_gradients:
                         if s.fsdp is None:  # FSDP reduce-scatters in the backward pass
@@ -170,25 +151,25 @@ class _Job:
                     continue
                 s.scheduler.step()
                 s.ema.update()  # training.ema_decay (a no-op without it)
-                self.step += 1
-                note = s.method.after_step(model, self.step)
+                at.step += 1
+                note = s.method.after_step(model, at.step)
                 if note:
-                    self.log(note)
+                    self.out.log(note)
                 if s.fsdp is None:  # FSDP's shards differ between processes by design
-                    check_in_step(params, acc, self.step)
+                    check_in_step(params, acc, at.step)
                 self._after_step(epoch, mean_loss(loss, acc))
-                if stop_agreed(self.control.stop_requested, acc):  # rank 0 decides
-                    self.log(f"Stop requested: saving at step {self.step}")
+                if stop_agreed(self.out.control.stop_requested, acc):  # rank 0 decides
+                    self.out.log(f"Stop requested: saving at step {at.step}")
                     self._save(epoch, "")
                     return "stopped"
-                if self.step >= plan.total_steps:
+                if at.step >= plan.total_steps:
                     break
             else:  # every batch of the epoch was trained
                 self.epoch_done = True
             self._after_epoch(epoch)
-            if self.step >= plan.total_steps:
+            if at.step >= plan.total_steps:
                 break
-        self._save(min(self.epoch, plan.epochs), "")
+        self._save(min(at.epoch, plan.epochs), "")
         return "finished"
 
     def _clip(self, params: list) -> None:
@@ -199,16 +180,16 @@ class _Job:
         if getattr(s.optimizer, "clips_each_parameter", False):
             return  # fused steps: each gradient was clipped in the backward pass
         norm = s.accelerator.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
-        check_grad_norm(norm, self.step + 1, self.cfg, s.precision)
+        check_grad_norm(norm, self.progress.step + 1, self.cfg, s.precision)
 
     def _after_step(self, epoch: int, loss: float) -> None:
-        s, step, meter = self.session, self.step, self.meter
+        s, step, meter, out = self.session, self.progress.step, self.meter, self.out
         if s.threads is not None and s.threads.tick():
-            self.log(f"CPU threads: {s.threads.threads} (other processes use "
+            out.log(f"CPU threads: {s.threads.threads} (other processes use "
                      f"{s.threads.changes[-1][1]:.1f} cores)")
         meter.update(loss, time.time())
         lr = effective_lr(s.optimizer, s.scheduler)  # d*lr, Adafactor's relative step
-        self.emit(Step(step=step, total_steps=s.plan.total_steps, epoch=epoch, loss=loss,
+        out.emit(Step(step=step, total_steps=s.plan.total_steps, epoch=epoch, loss=loss,
                        loss_avg=meter.loss_avg, lr=lr, it_per_s=meter.it_per_s,
                        eta_s=meter.eta(s.plan.total_steps - step)))
         if self.cfg.training.log_with != "none":
@@ -217,12 +198,12 @@ class _Job:
 
         # rank 0 alone validates, samples and saves; with FSDP every process takes part
         if s.accelerator.is_main_process or s.fsdp is not None:
-            maybe_validate(s, step, self)
+            maybe_validate(s, step, out)
         sv, sm = self.cfg.saving, self.cfg.sampling
-        if self.control.take_sample_request() or (
+        if out.control.take_sample_request() or (
                 sm.sample_every_n_steps and step % sm.sample_every_n_steps == 0):
             self._samples()
-        if self.control.take_save_request() or (
+        if out.control.take_save_request() or (
                 sv.save_every_n_steps and step % sv.save_every_n_steps == 0
                 and step < s.plan.total_steps):
             self._save(epoch, f"-step{step:08d}")
@@ -237,33 +218,26 @@ class _Job:
                 and epoch < self.session.plan.epochs:
             self._save(epoch, f"-{epoch:06d}")
 
-    def _progress(self):
-        from trainer.run.state import Progress
-
-        done = self.epoch_done
-        return Progress(step=self.step, epoch=self.epoch + 1 if done else self.epoch,
-                        position=0 if done else self.position,
-                        micro_step=self.session.accelerator.step,
-                        losses=list(self.meter.losses), sampled_at=self._sampled_at)
-
     # -- outputs ------------------------------------------------------------------------------
     def _save(self, epoch: int, suffix: str) -> None:
         from trainer.run.outputs import save_checkpoint
 
-        if not self.session.accelerator.is_main_process and self.session.fsdp is None:
+        s, p = self.session, self.progress
+        if not s.accelerator.is_main_process and s.fsdp is None:
             return
-        progress = self._progress() if self.cfg.saving.save_state else None
-        path = save_checkpoint(self.session, self, epoch, self.step, suffix, self.started_at,
-                               progress)
+        state = p.to_save(self.epoch_done, s.accelerator.step, self.meter.losses) \
+            if self.cfg.saving.save_state else None
+        path = save_checkpoint(s, self.out, epoch, p.step, suffix, self.started_at, state)
         if not suffix:
             self.output_path = str(path)
 
     def _samples(self) -> None:
         from trainer.run.outputs import save_samples
 
+        p = self.progress
         if not self.session.accelerator.is_main_process and self.session.fsdp is None:
             return
-        if self._sampled_at == self.step:  # e.g. every N steps and the end of an epoch
+        if p.sampled_at == p.step:  # e.g. every N steps and the end of an epoch
             return
-        self._sampled_at = self.step
-        save_samples(self.session, self, self.step)
+        p.sampled_at = p.step
+        save_samples(self.session, self.out, p.step)

@@ -38,7 +38,7 @@ def inference_pipeline(model: Any, cfg: TrainConfig, unet: Optional[Any] = None)
                 model.noise_scheduler.config)
         else:
             scheduler = make_scheduler(cfg.sampling.sample_sampler, _sd_scheduler_config(model))
-        pipe = family.pipeline(model, unet if unet is not None else model.unet, scheduler)
+        pipe = family.pipeline(model, unet if unet is not None else model.denoiser, scheduler)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
@@ -53,12 +53,12 @@ def make_samples(model: Any, cfg: TrainConfig, step: int, accelerator: Any) -> l
     devices = [part.device for part in parts]  # cached text outputs may have moved encoders off
     for part in parts:
         part.to(accelerator.device)
-    pipe = inference_pipeline(model, cfg, unet=accelerator.unwrap_model(model.unet))
+    pipe = inference_pipeline(model, cfg, unet=accelerator.unwrap_model(model.denoiser))
     out_dir = Path(cfg.saving.output_dir) / "sample"
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
-    unet_training = model.unet.training
-    model.unet.eval()
+    unet_training = model.denoiser.training
+    model.denoiser.eval()
     try:
         for i, spec in enumerate(sample_prompts(cfg)):
             with torch.no_grad(), accelerator.autocast():
@@ -68,7 +68,7 @@ def make_samples(model: Any, cfg: TrainConfig, step: int, accelerator: Any) -> l
                 image.save(path)
             paths.append(path)
     finally:
-        model.unet.train(unet_training)
+        model.denoiser.train(unet_training)
         for part, device in zip(parts, devices):
             part.to(device)
     return paths

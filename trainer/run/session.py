@@ -62,6 +62,8 @@ class Session:
     threads: Any = None  # trainer.system.threads.CpuThreads on the CPU backend
     ema: Any = field(default_factory=NoEma)  # training.ema_decay: trainer/run/ema.py
     fsdp: Any = None  # training.distributed = 'fsdp': trainer/run/fsdp.py's Sharded
+    family: Any = None  # the model's family object, with the run's guidance (trainer/families)
+    objective: Any = None  # DDPM or flow matching (trainer/objectives), built once
 
     def release(self) -> None:
         """Drop the models and free the device memory (the GUI process lives on)."""
@@ -75,6 +77,7 @@ class Session:
         self.model = self.accelerator = self.data = self.method = None
         self.optimizer = self.scheduler = None
         self.trained, self.ema = [], NoEma()
+        self.family = self.objective = None
         gc.collect()
         if self.device_info is not None:
             from trainer.system.device import empty_cache
@@ -85,12 +88,13 @@ class Session:
 def prepare(s: Session, out: Reporter) -> None:
     """Build ``s`` stage by stage; raises on bad input, with the setting or file named."""
     from trainer.data import prepare_dataset
+    from trainer.families.sd.long_prompts import PromptOptions
     from trainer.methods import get_method
     from trainer.models.loader import load_base_model
-    from trainer.families.sd.long_prompts import PromptOptions
     from trainer.run.class_images import ensure_class_images
     from trainer.run.failures import check_output_dir
     from trainer.run.state import load_state, resolve_resume
+    from trainer.run.step import objective_for, run_family
     from trainer.system.distributed import main_process_first, rank
     from trainer.system.library_lock import library_imports
 
@@ -107,6 +111,7 @@ def prepare(s: Session, out: Reporter) -> None:
                                       defer_denoiser=text_first.applies(
                                           s.cfg, s.method, s.data, s.device_info.backend))
     s.model.prompt_options = PromptOptions.from_config(s.cfg.dataset)  # long / weighted captions
+    s.family = run_family(s.model, s.cfg)
     out.check_stop()
     out.log(f"Base model: {s.model.source} ({s.model.description or s.model.version})")
     choose_cpu_precision(s, out)  # auto on a CPU with bf16 units: bf16 where it measures faster
@@ -115,6 +120,7 @@ def prepare(s: Session, out: Reporter) -> None:
         if ensure_class_images(s.cfg, s.model, s.device_info, s.precision, out) or rank():
             s.data = prepare_dataset(s.cfg, warn=lambda m: out.log(m, "warning"))
     _noise_schedule(s, out)
+    s.objective = objective_for(s.model, s.cfg)  # on the schedule the run trains with
     with library_imports():  # accelerate and its trackers import on first use too
         s.accelerator = _accelerator(s.cfg, s.device_info, s.precision)
     if s.accelerator.num_processes > 1:
@@ -220,7 +226,7 @@ def _networks(model: Any) -> list[Any]:
     """The UNet and the text encoder(s): what a method may train."""
     from trainer.families import family_of
 
-    return [model.unet] + [enc for _, enc, _ in family_of(model).text_encoders(model)
+    return [model.denoiser] + [enc for _, enc, _ in family_of(model).text_encoders(model)
                            if not text_first.released(enc)]
 
 
@@ -254,9 +260,9 @@ def _place_and_inject(s: Session, out: Reporter) -> list[dict[str, Any]]:
     encoders = _networks(model)[1:]
     for encoder in encoders:  # a frozen encoder runs in eval mode (no dropout, no grad)
         encoder.train(s.method.trains_text_encoder and encoder in trained)
-    model.unet.train()
+    model.denoiser.train()
     if tr.gradient_checkpointing:
-        model.unet.enable_gradient_checkpointing()
+        model.denoiser.enable_gradient_checkpointing()
         for encoder in encoders:
             if encoder.training:
                 encoder.gradient_checkpointing_enable()
@@ -286,11 +292,11 @@ def _compile(s: Session, out: Reporter) -> None:
     if s.cfg.training.compile_scope == "regional":  # issue 20: one block of each kind
         from trainer.run.regional_compile import compile_regional
 
-        count = compile_regional(s.model.unet, compile_options())
+        count = compile_regional(s.model.denoiser, compile_options())
         out.log(f"{count} repeated blocks compiled with torch.compile (regional): the first "
                 f"steps wait for the compiler")
         return
-    s.model.unet.compile(**compile_options())
+    s.model.denoiser.compile(**compile_options())
     out.log("UNet compiled with torch.compile: the first steps wait for the compiler")
 
 

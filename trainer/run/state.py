@@ -58,6 +58,13 @@ class Progress:
     losses: list[float] = field(default_factory=list)  # the meter's window
     sampled_at: Optional[int] = None
 
+    def to_save(self, epoch_done: bool, micro_step: int, losses: list[float]) -> Progress:
+        """What a state saves of the loop's progress: after a whole epoch, the next one's
+        start (an epoch cut short by max_train_steps continues inside it)."""
+        return Progress(step=self.step, epoch=self.epoch + 1 if epoch_done else self.epoch,
+                        position=0 if epoch_done else self.position, micro_step=micro_step,
+                        losses=list(losses), sampled_at=self.sampled_at)
+
 
 def state_folder(cfg: TrainConfig, step: int) -> Path:
     return Path(cfg.saving.output_dir) / f"{cfg.saving.output_name}-step{step:08d}{STATE_SUFFIX}"

@@ -43,16 +43,27 @@ def expand_multi_vector_tokens(prompt: str, tokenizer: Any) -> str:
     return prompt
 
 
-def encode_captions(model: Any, captions: list[str], clip_skip: int) -> TextConditioning:
-    """The text conditioning of ``captions``, as the model's family makes it."""
+def encode_captions(model: Any, captions: list[str], clip_skip: int,
+                    family: Any = None) -> TextConditioning:
+    """The text conditioning of ``captions``, as the model's family (``family``, else the
+    model's) makes it."""
     captions = [expand_multi_vector_tokens(c, model.tokenizer) for c in captions]
-    return family_of(model).encode(model, captions, clip_skip)
+    return (family_of(model) if family is None else family).encode(model, captions, clip_skip)
+
+
+def run_family(model: Any, cfg: TrainConfig) -> Any:
+    """The family object of a run: the model's, given the run's guidance once."""
+    from trainer.families import family
+
+    return family(model.version, guidance=cfg.flow.guidance_scale)
 
 
 def objective_for(model: Any, cfg: TrainConfig) -> Any:
     """The family's objective: DDPM for SD 1.x, 2.x and SDXL, flow matching for FLUX.1 and
-    SD 3.5 (trainer/objectives/)."""
-    if family_of(model).objective == "flow":
+    SD 3.5 (trainer/objectives/). A run builds it once (``Session.objective``)."""
+    from trainer.families import spec
+
+    if spec(model.version).objective == "flow":
         from trainer.objectives.flow_matching import FlowObjective
 
         return FlowObjective(cfg.flow, cfg.training)
@@ -60,10 +71,12 @@ def objective_for(model: Any, cfg: TrainConfig) -> Any:
 
 
 def batch_loss(batch: Any, model: Any, cfg: TrainConfig, device: torch.device,
-               dtype: torch.dtype) -> torch.Tensor:
+               dtype: torch.dtype, family: Any = None, objective: Any = None) -> torch.Tensor:
     """The loss of one batch: the objective draws noise and timesteps and gives the target and
-    weights, the family calls the denoiser."""
-    objective = objective_for(model, cfg)
+    weights, the family calls the denoiser. ``family`` and ``objective``: the run's (its
+    Session's), else made for this batch."""
+    family = run_family(model, cfg) if family is None else family
+    objective = objective_for(model, cfg) if objective is None else objective
     if batch.latents is not None:
         latents = batch.latents.to(device, dtype)
     else:
@@ -75,7 +88,6 @@ def batch_loss(batch: Any, model: Any, cfg: TrainConfig, device: torch.device,
     t = objective.sample_t(latents)
     noisy = objective.noisy(latents, noise, t)
     latents, noise, t, noisy = narrow(rows, latents, noise, t, noisy)
-    family = family_of(model)
     if batch.text is not None:
         text = batch.text.to(device, dtype)
     else:
@@ -84,7 +96,7 @@ def batch_loss(batch: Any, model: Any, cfg: TrainConfig, device: torch.device,
             # at the denoiser's dtype, as the cache gives it: a trained text encoder (or a
             # textual-inversion embedding) returns fp32 where frozen bf16 weights need bf16
             text = encode_captions(model, batch.captions, cfg.model.clip_skip).to(device, dtype)
-    pred = family.predict(model, noisy, t, text, batch.size_ids, cfg)
+    pred = family.predict(model, noisy, t, text, batch.size_ids)
     pred = objective.prediction(pred, noisy, t)
     target = objective.target(latents, noise, t)
     weights = objective.weights(batch.loss_weights.to(device), t)

@@ -35,7 +35,7 @@ def encode_and_release(s: Any, out: Any) -> bool:
     from trainer.run.caches import fill_text_cache
 
     model = s.model
-    if model.unet is not None:
+    if model.denoiser is not None:
         return False
     encoders = family_of(model).text_encoders(model)
     for _, encoder, _ in encoders:
@@ -50,7 +50,7 @@ def encode_and_release(s: Any, out: Any) -> bool:
             f"({', '.join(n for n, _, _ in encoders)}: {freed / 2**30:.2f} GiB); building the "
             f"transformer")
     start = time.time()
-    model.unet = model.build_denoiser(s.dtype)
+    model.denoiser = model.build_denoiser(s.dtype)
     model.build_denoiser = None
     out.log(f"Transformer built from the file in {time.time() - start:.0f}s")
     return True

@@ -64,13 +64,15 @@ def validation_data(data: Any, cfg: Any) -> Any:
     return held
 
 
-def build_set(data: Any, model: Any, cfg: Any) -> ValidationSet:
-    """Encode the validation images once and draw their fixed noise."""
+def build_set(data: Any, model: Any, cfg: Any, objective: Any = None) -> ValidationSet:
+    """Encode the validation images once and draw their fixed noise; ``objective``: the run's
+    (else the model's is made)."""
     from trainer.run.step import encode_images, objective_for
 
     held = validation_data(data, cfg)
     seed = cfg.training.seed
-    timesteps = objective_for(model, cfg).validation_t()
+    objective = objective_for(model, cfg) if objective is None else objective
+    timesteps = objective.validation_t()
     items = []
     for index in range(held.num_images):
         batch = held._batch([index], random.Random(f"{seed}:validation:{index}"))
@@ -83,12 +85,11 @@ def build_set(data: Any, model: Any, cfg: Any) -> ValidationSet:
 
 
 def _item_loss(item: ValidationItem, timesteps: torch.Tensor, model: Any, cfg: Any,
-               device: Any, dtype: torch.dtype, chunk: int) -> float:
-    from trainer.families import family_of
+               device: Any, dtype: torch.dtype, chunk: int, run: tuple[Any, Any]) -> float:
     from trainer.objectives.losses import diffusion_loss
-    from trainer.run.step import encode_captions, objective_for
+    from trainer.run.step import encode_captions
 
-    family, objective = family_of(model), objective_for(model, cfg)
+    family, objective = run
     total = 0.0
     for start in range(0, len(timesteps), chunk):
         t = timesteps[start:start + chunk].to(device)
@@ -97,7 +98,7 @@ def _item_loss(item: ValidationItem, timesteps: torch.Tensor, model: Any, cfg: A
         noise = item.noise[start:start + n].to(device, dtype)
         noisy = objective.noisy(latents, noise, t)
         text = encode_captions(model, [item.caption] * n, cfg.model.clip_skip).to(device, dtype)
-        pred = family.predict(model, noisy, t, text, item.size_ids.expand(n, -1), cfg)
+        pred = family.predict(model, noisy, t, text, item.size_ids.expand(n, -1))
         pred = objective.prediction(pred, noisy, t)
         target = objective.target(latents, noise, t)
         total += diffusion_loss(pred, target).item() * n
@@ -107,19 +108,24 @@ def _item_loss(item: ValidationItem, timesteps: torch.Tensor, model: Any, cfg: A
 def _networks(model: Any) -> list[Any]:
     from trainer.families import family_of
 
-    return [model.unet] + [enc for _, enc, _ in family_of(model).text_encoders(model)]
+    return [model.denoiser] + [enc for _, enc, _ in family_of(model).text_encoders(model)]
 
 
 def validation_loss(vset: ValidationSet, model: Any, cfg: Any, device: Any,
-                    dtype: torch.dtype) -> float:
-    """The mean loss over the validation images and the fixed timesteps, in eval mode."""
+                    dtype: torch.dtype, family: Any = None, objective: Any = None) -> float:
+    """The mean loss over the validation images and the fixed timesteps, in eval mode;
+    ``family`` and ``objective``: the run's (else the model's are made)."""
+    from trainer.run.step import objective_for, run_family
+
+    run = (run_family(model, cfg) if family is None else family,
+           objective_for(model, cfg) if objective is None else objective)
     modes = [(m, m.training) for m in _networks(model)]
     chunk = max(1, cfg.training.train_batch_size)
     try:
         for module, _ in modes:
             module.eval()
         with torch.no_grad():
-            losses = [_item_loss(item, vset.timesteps, model, cfg, device, dtype, chunk)
+            losses = [_item_loss(item, vset.timesteps, model, cfg, device, dtype, chunk, run)
                       for item in vset.items]
     finally:
         for module, was_training in modes:
@@ -142,12 +148,12 @@ def maybe_validate(session: Any, step: int, out: Any) -> Optional[float]:
         return None
     vset = _SETS.get(data)
     if vset is None:
-        vset = _SETS[data] = build_set(data, session.model, cfg)
+        vset = _SETS[data] = build_set(data, session.model, cfg, session.objective)
     from trainer.optim.lr import averaged_weights  # schedule-free: the averaged weights
 
     with averaged_weights(session.optimizer):
         loss = validation_loss(vset, session.model, cfg, session.accelerator.device,
-                               session.dtype)
+                               session.dtype, session.family, session.objective)
     out.emit(Validation(step=step, loss=loss, images=len(vset.items)))
     out.log(f"Validation loss at step {step}: {loss:.5f} ({len(vset.items)} image(s) x "
             f"{len(vset.timesteps)} fixed timesteps)")

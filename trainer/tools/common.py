@@ -60,7 +60,7 @@ def text_encoders(model: Any) -> list[tuple[str, Any]]:
 
 def native_size(model: Any) -> int:
     """The model's native image size: the UNet's sample size times the VAE's downscale."""
-    return model.unet.config.sample_size * 2 ** (len(model.vae.config.block_out_channels) - 1)
+    return model.denoiser.config.sample_size * 2 ** (len(model.vae.config.block_out_channels) - 1)
 
 
 def model_modelspec(model: Any, title: str, adapter: Optional[str]) -> dict[str, str]:

@@ -88,7 +88,7 @@ def text_targets(model: Any) -> list[tuple[Target, list[str]]]:
 
 def flow_targets(model: Any) -> list[tuple[Target, list[str]]]:
     """Every name a FLUX.1 / SD 3.5 LoRA file may give a layer of ``model``."""
-    transformer = model.unet
+    transformer = model.denoiser
     found = transformer_layers(transformer)
     if model.version == "flux1":
         found += [(t, []) for t in flux_transformer_targets(transformer)]

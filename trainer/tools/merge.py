@@ -148,7 +148,7 @@ def save_flow_merged(model: Any, opts: MergeOptions, metadata: dict[str, str],
                              flow_checkpoint_family(model), metadata, parts=parts, dtype=dtype)
         outputs.append(opts.save_to)
     if opts.save_folder:
-        save_flow_pipeline_folder(Path(opts.save_folder).expanduser(), model, model.unet,
+        save_flow_pipeline_folder(Path(opts.save_folder).expanduser(), model, model.denoiser,
                                   encoders, dtype)
         outputs.append(opts.save_folder)
     return outputs
@@ -160,12 +160,12 @@ def save_merged(model: Any, opts: MergeOptions, metadata: dict[str, str]) -> lis
 
     dtype, outputs = DTYPES[opts.precision], []
     if opts.save_to:
-        save_checkpoint(Path(opts.save_to).expanduser(), model.unet, model.vae,
+        save_checkpoint(Path(opts.save_to).expanduser(), model.denoiser, model.vae,
                         model.text_encoder, text_encoder_2=model.text_encoder_2,
                         family=model.version, dtype=dtype, metadata=metadata)
         outputs.append(opts.save_to)
     if opts.save_folder:
-        save_pipeline_folder(Path(opts.save_folder).expanduser(), model, model.unet,
+        save_pipeline_folder(Path(opts.save_folder).expanduser(), model, model.denoiser,
                              model.text_encoder, dtype, text_encoder_2=model.text_encoder_2)
         outputs.append(opts.save_folder)
     return outputs

@@ -104,7 +104,7 @@ def encoder_targets(encoder: torch.nn.Module, prefix: str, part: str,
 def model_targets(model: Any) -> list[tuple[Target, list[str]]]:
     """Every layer of the model's UNet and text encoder(s), with its alias names (FLUX.1 /
     SD 3.5: :func:`trainer.tools.flow_targets.flow_targets`)."""
-    found = unet_targets(model.unet, model.version)
+    found = unet_targets(model.denoiser, model.version)
     if getattr(model, "text_encoder_2", None) is not None:
         found += encoder_targets(model.text_encoder, "lora_te1", "te1")
         found += encoder_targets(model.text_encoder_2, "lora_te2", "te2")

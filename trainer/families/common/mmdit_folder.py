@@ -2,7 +2,7 @@
 
 The folder's ``model_index.json`` names its pipeline; diffusers' own ``from_pretrained`` reads
 every component, offline. The result is the same :class:`~trainer.models.loader.BaseModel` as
-for the SD families, with the transformer in ``unet`` (the denoiser slot the loop and the
+for the SD families, with the transformer in ``denoiser`` (the slot the loop and the
 methods use), T5 in ``text_encoder_2`` (FLUX.1) or ``text_encoder_3`` (SD 3.5), and the
 variant for people and for the files' metadata:
 
@@ -72,7 +72,7 @@ def load_flow_folder(path: Path, section: Any, family: str) -> dict[str, Any]:
                              f"({exc})") from None
     transformer = parts.pop("transformer")
     variant = variant_of(family, transformer.config)
-    fields = {"unet": transformer, "noise_scheduler": parts.pop("scheduler"), **parts}
+    fields = {"denoiser": transformer, "noise_scheduler": parts.pop("scheduler"), **parts}
     fields.pop("image_encoder", None)  # FLUX.1 Redux / IP-Adapter parts: not trained here
     fields.pop("feature_extractor", None)
     return dict(fields, version=family, variant=variant, prediction_type="flow",
@@ -115,7 +115,7 @@ def load_flow_file(path: Path, section: Any, dtype: Any = None, t5_frozen: bool 
                                  section.base_precision in ("nf4", "int8") else None,
                                  defer_transformer=defer_denoiser)
     transformer = parts.pop("transformer")
-    return dict(parts, unet=transformer, noise_scheduler=parts.pop("scheduler"),
+    return dict(parts, denoiser=transformer, noise_scheduler=parts.pop("scheduler"),
                 build_denoiser=parts.pop("build_transformer", None),
                 version=info.version, variant=info.variant, prediction_type="flow",
                 source=str(path), name=path.stem, description=info.description,

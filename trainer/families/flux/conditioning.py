@@ -3,8 +3,9 @@ output and T5-XXL's last hidden states (``model.t5_max_length`` tokens: 512 for 
 schnell). The transformer reads the latents packed into 2x2 patches (one token of 4 x 16
 channels each) with their row and column as ``img_ids``, zeros as ``txt_ids``, the sigma itself
 as its timestep, and, for the guidance-distilled dev, the guidance value
-(``flow.guidance_scale``). It reads ``(latents - shift_factor) * scaling_factor`` from its
-16-channel VAE (:func:`trainer.run.step.encode_images` applies the VAE config's shift).
+(``flow.guidance_scale``, given to the family object when it is built). It reads
+``(latents - shift_factor) * scaling_factor`` from its 16-channel VAE
+(:func:`trainer.run.step.encode_images` applies the VAE config's shift).
 
 The family object has the methods of :class:`trainer.families.sd.conditioning.SD1Family`, so
 the step, the text cache, the validation loss and the samples ask it instead of branching.
@@ -25,6 +26,19 @@ class FluxFamily:
 
     name = "flux1"
     objective = "flow"
+    takes_guidance = True  # reads a distilled guidance value (its LoRA files record it)
+    # the parts of a whole checkpoint (trainer/families/common/mmdit_checkpoint.py's names), and
+    # those of the file as BFL ships it (the transformer alone)
+    checkpoint_parts = ("transformer", "vae", "clip_l", "t5xxl")
+    shipped_parts = ("transformer",)
+
+    def __init__(self, guidance: Optional[float] = None) -> None:
+        # the distilled guidance the dev transformer reads (flow.guidance_scale)
+        self.guidance = guidance
+
+    def checkpoint_name(self, variant: str) -> str:
+        """mmdit_checkpoint.py's name of a loaded model's layout (``flux1-dev``)."""
+        return f"flux1-{variant}"
 
     def text_encoders(self, model: Any) -> list[tuple[str, Any, Any]]:
         return [("text_encoder", model.text_encoder, model.tokenizer),
@@ -41,13 +55,14 @@ class FluxFamily:
         return TextConditioning(hidden, pooled)
 
     def predict(self, model: Any, noisy: torch.Tensor, t: torch.Tensor,
-                text: TextConditioning, size_ids: Optional[torch.Tensor], cfg: Any,
+                text: TextConditioning, size_ids: Optional[torch.Tensor], cfg: Any = None,
                 denoiser: Any = None) -> torch.Tensor:
         """The transformer's output for ``noisy`` [B, C, h, w] at sigmas ``t`` [B], unpacked
-        back to the latents' shape."""
+        back to the latents' shape. The guidance is the family's own (given when it was
+        built); ``cfg``'s ``flow.guidance_scale`` only for a family built without one."""
         from diffusers import FluxPipeline
 
-        transformer = denoiser if denoiser is not None else model.unet
+        transformer = denoiser if denoiser is not None else model.denoiser
         b, c, h, w = noisy.shape
         packed = FluxPipeline._pack_latents(noisy, b, c, h, w)
         img_ids = FluxPipeline._prepare_latent_image_ids(b, h // 2, w // 2, noisy.device,
@@ -55,8 +70,8 @@ class FluxFamily:
         txt_ids = torch.zeros(text.hidden.shape[1], 3, device=noisy.device, dtype=noisy.dtype)
         guidance = None
         if transformer.config.guidance_embeds:
-            guidance = torch.full((b,), float(cfg.flow.guidance_scale), device=noisy.device,
-                                  dtype=noisy.dtype)
+            value = self.guidance if self.guidance is not None else cfg.flow.guidance_scale
+            guidance = torch.full((b,), float(value), device=noisy.device, dtype=noisy.dtype)
         out = transformer(hidden_states=packed, timestep=t.to(noisy.dtype), guidance=guidance,
                           pooled_projections=text.pooled, encoder_hidden_states=text.hidden,
                           txt_ids=txt_ids, img_ids=img_ids, return_dict=False)[0]
@@ -73,5 +88,5 @@ class FluxFamily:
         return None
 
 
-def family(name: str = "flux1") -> FluxFamily:
-    return FluxFamily()
+def family(name: str = "flux1", guidance: Optional[float] = None) -> FluxFamily:
+    return FluxFamily(guidance)

@@ -216,3 +216,19 @@ def flux_kohya_state_dict(transformer: Optional[torch.nn.Module],
     if not tensors:
         raise ValueError(f"no LoRA layers with adapter {adapter_name!r} to save")
     return tensors
+
+
+# --- the run's LoRA (trainer/methods/lora.py, flow_lora.py): the questions every transformer
+# family's lora role answers
+
+
+def target_modules(transformer: torch.nn.Module, train_blocks: TrainBlocks = "all") -> list[str]:
+    """The transformer's LoRA targets for ``network.train_blocks``."""
+    return flux_target_modules(transformer, train_blocks)
+
+
+def run_state_dict(transformer: Optional[torch.nn.Module], encoders: dict[str, Any],
+                   dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The run's LoRA file tensors; ``encoders``: the trained text encoders by attribute."""
+    return flux_kohya_state_dict(transformer, encoders.get("text_encoder"),
+                                 encoders.get("text_encoder_2"), dtype=dtype)

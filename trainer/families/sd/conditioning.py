@@ -39,6 +39,8 @@ class SD1Family:
 
     name = "sd1"
     objective = "ddpm"
+    takes_guidance = False  # reads a distilled guidance value (its LoRA files record it)
+    guidance = None  # no distilled guidance
 
     def text_encoders(self, model: Any) -> list[tuple[str, Any, Any]]:
         """(attribute name, encoder, tokenizer) of each text encoder."""
@@ -65,10 +67,10 @@ class SD1Family:
         return None  # no T5 in the SD families
 
     def predict(self, model: Any, noisy: torch.Tensor, t: torch.Tensor,
-                text: TextConditioning, size_ids: Optional[torch.Tensor], cfg: Any,
+                text: TextConditioning, size_ids: Optional[torch.Tensor], cfg: Any = None,
                 denoiser: Any = None) -> torch.Tensor:
         """The UNet's prediction for ``noisy`` at integer timesteps ``t``."""
-        unet = denoiser if denoiser is not None else model.unet
+        unet = denoiser if denoiser is not None else model.denoiser
         added = self.added_conditioning(text, size_ids)
         return unet(noisy, t, text.hidden, added_cond_kwargs=added).sample
 
@@ -81,6 +83,6 @@ class SD1Family:
             requires_safety_checker=False)
 
 
-def family(name: str = "sd1") -> SD1Family:
+def family(name: str = "sd1", guidance: Optional[float] = None) -> SD1Family:
     """SD 1.x and 2.x share one family object (their differences are the loaded encoder's)."""
     return SD1Family()

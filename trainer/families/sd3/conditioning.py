@@ -23,6 +23,16 @@ class SD3Family:
 
     name = "sd3"
     objective = "flow"
+    takes_guidance = False  # reads a distilled guidance value (its LoRA files record it)
+    guidance = None  # no distilled guidance
+    # the parts of a whole checkpoint (trainer/families/common/mmdit_checkpoint.py's names), and
+    # those of the file as Stability ships it (the transformer and the VAE)
+    checkpoint_parts = ("transformer", "vae", "clip_l", "clip_g", "t5xxl")
+    shipped_parts = ("transformer", "vae")
+
+    def checkpoint_name(self, variant: str) -> str:
+        """mmdit_checkpoint.py's name of a loaded model's layout (``sd35-large``)."""
+        return {"5-large": "sd35-large", "5-medium": "sd35-medium"}.get(variant, "sd3-medium")
 
     def text_encoders(self, model: Any) -> list[tuple[str, Any, Any]]:
         return [("text_encoder", model.text_encoder, model.tokenizer),
@@ -46,9 +56,9 @@ class SD3Family:
                                 torch.cat(pooled, dim=-1))
 
     def predict(self, model: Any, noisy: torch.Tensor, t: torch.Tensor,
-                text: TextConditioning, size_ids: Optional[torch.Tensor], cfg: Any,
+                text: TextConditioning, size_ids: Optional[torch.Tensor], cfg: Any = None,
                 denoiser: Any = None) -> torch.Tensor:
-        transformer = denoiser if denoiser is not None else model.unet
+        transformer = denoiser if denoiser is not None else model.denoiser
         timestep = (t * SD3_TIMESTEPS).to(noisy.dtype)  # sigma x 1000, as the pipeline passes
         return transformer(hidden_states=noisy, timestep=timestep,
                            encoder_hidden_states=text.hidden, pooled_projections=text.pooled,
@@ -67,5 +77,5 @@ class SD3Family:
         return None
 
 
-def family(name: str = "sd3") -> SD3Family:
+def family(name: str = "sd3", guidance: Optional[float] = None) -> SD3Family:
     return SD3Family()

@@ -116,3 +116,19 @@ def sd3_state_dict(transformer: Optional[torch.nn.Module],
     if not tensors:
         raise ValueError(f"no LoRA layers with adapter {adapter_name!r} to save")
     return tensors
+
+
+# --- the run's LoRA (trainer/methods/lora.py, flow_lora.py): the questions every transformer
+# family's lora role answers
+
+
+def target_modules(transformer: torch.nn.Module, train_blocks: str = "all") -> list[str]:
+    """The transformer's LoRA targets (every joint block's; ``train_blocks`` is FLUX.1's)."""
+    return sd3_target_modules(transformer)
+
+
+def run_state_dict(transformer: Optional[torch.nn.Module], encoders: dict,
+                   dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The run's LoRA file tensors; ``encoders``: the trained text encoders by attribute."""
+    return sd3_state_dict(transformer, encoders.get("text_encoder"),
+                          encoders.get("text_encoder_2"), dtype=dtype)

@@ -57,7 +57,7 @@ class SDXLFamily(SD1Family):
                 "time_ids": size_ids.to(text.pooled.device, text.pooled.dtype)}
 
 
-def family(name: str = "sdxl") -> SDXLFamily:
+def family(name: str = "sdxl", guidance: Optional[float] = None) -> SDXLFamily:
     return SDXLFamily()
 
 
