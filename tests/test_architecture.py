@@ -44,7 +44,8 @@ ALLOWED: dict[str, set[str]] = {
 ROLE_LAYERS = {"detect": "families", "spec": "families", "files": "families",
                "mmdit_detect": "families", "rules": "config", "kohya": "importers",
                "lora": "export", "checkpoint": "export", "pipeline_folder": "export",
-               "mmdit_checkpoint": "export", "mmdit_lora_file": "export", "memory": "advisor"}
+               "mmdit_checkpoint": "export", "mmdit_lora_file": "export", "memory": "advisor",
+               "targets": "tools"}
 TORCH_FREE_ROLES = ("detect", "rules", "spec", "files", "mmdit_detect", "kohya")
 TOP = {"cli", "__main__", ""}  # the commands and the package root: may import any package
 HEAVY = ("torch", "diffusers", "transformers", "peft", "accelerate", "gradio", "safetensors")

@@ -52,21 +52,18 @@ class FlowOption:
 
 def flow_transformer_config(section: Any) -> Optional[dict]:
     """The transformer config of a FLUX.1 / SD 3.5 model (None for another family)."""
+    from trainer.families import is_flow, role
     from trainer.models.loader import EMBEDDED_MODELS, resolve_model_path
 
     value = section.pretrained_model_name_or_path
     if value in EMBEDDED_MODELS:
-        if EMBEDDED_MODELS[value] not in ("flux1", "sd3"):
+        if not is_flow(EMBEDDED_MODELS[value]):
             return None
         from trainer.advisor.model_configs import cached
         from trainer.advisor.shipped import embedded_flow_config
 
         def config() -> dict:
-            from trainer.families.common import tiny_mmdit as tiny_flow
-
-            build = tiny_flow.build_flux_components if EMBEDDED_MODELS[value] == "flux1" \
-                else tiny_flow.build_sd3_components
-            transformer = build()["transformer"]
+            transformer = role(EMBEDDED_MODELS[value], "memory").tiny_components()["transformer"]
             return dict(transformer.config, _class_name=type(transformer).__name__)
         return cached("flow-config:" + value, lambda: embedded_flow_config(value) or config())
     path = Path(resolve_model_path(value))
@@ -74,8 +71,8 @@ def flow_transformer_config(section: Any) -> Optional[dict]:
         config = path / "transformer" / "config.json"
         return json.loads(config.read_text(encoding="utf-8")) if config.is_file() else None
     from trainer.families import detect_path
-    from trainer.families.spec import ModelLoadError
     from trainer.families.common.mmdit_detect import detect_flow_file, header_config
+    from trainer.families.spec import ModelLoadError
 
     # model_version = "auto" reads the family from the header, as train does
     if section.model_version == "auto":
@@ -84,7 +81,7 @@ def flow_transformer_config(section: Any) -> Optional[dict]:
                 return None
         except ModelLoadError:
             return None  # the SD readers report on it
-    elif section.model_version not in ("flux1", "sd3"):
+    elif not is_flow(section.model_version):
         return None
     info = detect_flow_file(path)  # the config the loader builds the transformer from
     given = Path(section.config_dir).expanduser() / "transformer" / "config.json" \
@@ -210,7 +207,7 @@ def _phases(advice: Advice, cfg: Any, info: Any, config: dict, option: FlowOptio
     """The RAM and the device phase by phase (:mod:`trainer.advisor.host_memory`); on the CPU
     the peak is the phase that holds the most."""
     from trainer.advisor import host_memory as hm
-    from trainer.families.spec import ASSETS
+    from trainer.families import role, spec
     from trainer.system.device import system_memory
 
     family = _family(config)
@@ -220,7 +217,7 @@ def _phases(advice: Advice, cfg: Any, info: Any, config: dict, option: FlowOptio
     held = hm.held(cfg, parts, weight_bytes(w, option.base, None, c), c,
                    "fp32" if c == 4 else "bf16", max(advice.steps.images, 1), text,
                    config["joint_attention_dim"])
-    assets = ASSETS / ("flux1-dev" if family == "flux1" else "sd35-large")
+    assets = spec(family).assets(role(family, "memory").VARIANT)
     encode = hm.vae_encode_bytes(hm.vae_config_root(cfg.model, assets),
                                  advice.steps.largest_bucket)
     memory = advice.memory

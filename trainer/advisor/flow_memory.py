@@ -17,6 +17,10 @@ weights, so it is arithmetic on top of that, and every combination answers at on
   keeps a block's worth of them for the backward pass (the block being recomputed);
 - LoRA: fp32 weights and gradients, and the optimizer's state;
 - text encoders and VAE: off the device once their outputs are cached (the flow presets do).
+
+What differs between the families (their small models, the text tokens of a step, a step's
+inputs, the release the laws are made at) is each family's memory role,
+``trainer/families/<folder>/memory.py``.
 """
 
 from __future__ import annotations
@@ -31,9 +35,8 @@ import torch
 from trainer.advisor.disk_cache import stored
 from trainer.advisor.law import Law, Recording, pixel_law
 from trainer.advisor.model_configs import cached, shape
+from trainer.families import names, role
 
-T5_TOKENS = {"flux1": 512, "sd3": 256}  # FLUX.1-dev's T5 length; SD 3.5's 77 + 256 below
-CLIP_TOKENS = {"flux1": 0, "sd3": 77}
 NF4_BYTES = 0.5 + 4 / 64  # a 4-bit code and an fp32 absmax per block of 64
 INT8_BYTES = 1.0
 
@@ -62,24 +65,37 @@ def meta_transformer(config: dict) -> torch.nn.Module:
 
 
 def _family(config: dict) -> str:
-    return "flux1" if config["_class_name"].startswith("Flux") else "sd3"
+    """The flow family of a transformer config, by its diffusers class."""
+    for name in names(objective="flow"):
+        if config["_class_name"].startswith(role(name, "memory").TRANSFORMER_PREFIX):
+            return name
+    raise ValueError(f"{config['_class_name']}: not the transformer of a flow family")
+
+
+def _memory(config: dict) -> Any:
+    """The family's memory role (trainer/families/<folder>/memory.py): its small models, text
+    tokens and a step's inputs."""
+    return role(_family(config), "memory")
 
 
 def _small(config: dict, blocks: tuple[int, int]) -> dict:
     """The config with ``blocks`` (double, single) blocks for FLUX.1, (joint, 0) for SD 3.5."""
-    small = dict(config, num_layers=blocks[0])
-    if _family(config) == "flux1":
-        small["num_single_layers"] = blocks[1]
-    else:
-        dual = config.get("dual_attention_layers") or []
-        small["dual_attention_layers"] = list(range(min(len(dual), blocks[0] - 1)))
-    return small
+    return _memory(config).small(config, blocks)
 
 
 def _shapes(config: dict) -> list[tuple[int, int]]:
-    """The small models whose differences give one block of each kind (the last SD 3.5
-    block, context-pre-only, is in every one of them)."""
-    return [(1, 1), (2, 1), (1, 2)] if _family(config) == "flux1" else [(2, 0), (3, 0)]
+    """The small models whose differences give one block of each kind."""
+    return list(_memory(config).SHAPES)
+
+
+def t5_tokens(config: dict) -> int:
+    """T5's length at which the family's laws are made (FLUX.1-dev's 512, SD 3.5's 256)."""
+    return _memory(config).T5_TOKENS
+
+
+def clip_tokens(config: dict) -> int:
+    """CLIP's tokens beside T5's (SD 3.5's 77; FLUX.1 none)."""
+    return _memory(config).CLIP_TOKENS
 
 
 def _block_counts(config: dict) -> tuple[int, int]:
@@ -88,11 +104,7 @@ def _block_counts(config: dict) -> tuple[int, int]:
 
 def _extrapolate(config: dict, values: list[float]) -> tuple[float, float, float]:
     """(fixed part, per first-kind block, per second-kind block) from the small models."""
-    if _family(config) == "flux1":
-        double, single = values[1] - values[0], values[2] - values[0]
-        return values[0] - double - single, double, single
-    joint = values[1] - values[0]
-    return values[0] - 2 * joint, joint, 0.0
+    return _memory(config).extrapolate(values)
 
 
 def _with_adapters(model: torch.nn.Module, cfg: Any, rank: Optional[int] = None) -> int:
@@ -102,7 +114,7 @@ def _with_adapters(model: torch.nn.Module, cfg: Any, rank: Optional[int] = None)
 
     from trainer.methods.lora import denoiser_lora_config
 
-    family = "flux1" if type(model).__name__.startswith("Flux") else "sd3"
+    family = _family({"_class_name": type(model).__name__})
     targets = denoiser_lora_config(cfg, SimpleNamespace(denoiser=model, version=family))
     rank, count = rank or cfg.network.network_dim, 0
     for name in targets.target_modules:
@@ -169,9 +181,10 @@ def flow_weights(config: dict, cfg: Any) -> FlowWeights:
         kinds = [1] * doubles + [2] * singles
         fixed = [int(p[0]) for p in parts]
         units = tuple(tuple(int(parts[i][k]) for k in kinds) for i in range(3))
-        if _family(config) == "sd3":  # the last, context-pre-only block is in the fixed part
-            units = tuple(u[:-1] for u in units)
-            fixed = [f + int(parts[i][1]) if i < 3 else f for i, f in enumerate(fixed)]
+        tail = _memory(config).FIXED_BLOCKS  # SD 3.5's last block: in the fixed part
+        if tail:
+            units = tuple(u[:-tail] for u in units)
+            fixed = [f + tail * int(parts[i][1]) if i < 3 else f for i, f in enumerate(fixed)]
         lora = fixed[3] + doubles * parts[3][1] + singles * parts[3][2]
         total = fixed[0] + sum(units[0])
         return FlowWeights(int(total), units[0], units[1], fixed[1], units[2], int(lora))
@@ -193,21 +206,14 @@ def _to_lists(w: FlowWeights) -> dict[str, Any]:
 
 
 def _inputs(config: dict, size: tuple[int, int], batch: int) -> dict[str, Any]:
-    family, w, h = _family(config), size[0] // 8, size[1] // 8
-    text = T5_TOKENS[family] + CLIP_TOKENS[family]
+    w, h = size[0] // 8, size[1] // 8
+    text = t5_tokens(config) + clip_tokens(config)
     meta = dict(device="meta", dtype=torch.bfloat16)
     common = dict(encoder_hidden_states=torch.zeros(batch, text, config["joint_attention_dim"],
                                                     **meta),
                   pooled_projections=torch.zeros(batch, config["pooled_projection_dim"], **meta),
                   timestep=torch.zeros(batch, **meta), return_dict=False)
-    if family == "sd3":
-        return dict(hidden_states=torch.zeros(batch, config["in_channels"], h, w, **meta),
-                    **common)
-    tokens = (h // 2) * (w // 2)
-    extra = {"guidance": torch.zeros(batch, **meta)} if config.get("guidance_embeds") else {}
-    return dict(hidden_states=torch.zeros(batch, tokens, config["in_channels"], **meta),
-                img_ids=torch.zeros(tokens, 3, device="meta"),
-                txt_ids=torch.zeros(text, 3, device="meta"), **common, **extra)
+    return dict(_memory(config).image_inputs(config, w, h, batch, text), **common)
 
 
 def _simulate(model: torch.nn.Module, config: dict, size: tuple[int, int], batch: int,

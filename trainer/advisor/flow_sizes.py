@@ -22,9 +22,8 @@ from trainer.advisor.model_configs import cached
 def text_tokens(config: dict, cfg: Any = None) -> int:
     """The text tokens beside the image's in a step: T5's configured length
     (``model.t5xxl_max_token_length``, else the family's), and SD 3.5's 77 CLIP tokens."""
-    family = fm._family(config)
     t5 = getattr(getattr(cfg, "model", None), "t5xxl_max_token_length", None)
-    return (t5 or fm.T5_TOKENS[family]) + fm.CLIP_TOKENS[family]
+    return (t5 or fm.t5_tokens(config)) + fm.clip_tokens(config)
 
 
 def unit_bytes(w: fm.FlowWeights, base: str, c: int = 2) -> list[float]:

@@ -59,8 +59,7 @@ def meta_model(configs: ModelConfigs) -> SimpleNamespace:
         for name, config in configs.text_encoders:
             parts[name] = classes[name](CLIPTextConfig.from_dict(config))
     parts.setdefault("text_encoder_2", None)
-    return SimpleNamespace(**parts, version="sdxl" if configs.family == "sdxl" else "sd1",
-                           tokenizer=None, tokenizer_2=None)
+    return SimpleNamespace(**parts, version=configs.version, tokenizer=None, tokenizer_2=None)
 
 
 def param_counts(configs: ModelConfigs) -> dict[str, int]:
@@ -121,29 +120,14 @@ def prepare_training(model: Any, cfg: Any) -> None:
 
 
 def _conditioning(model: Any, configs: ModelConfigs, dtype: torch.dtype, batch: int):
-    """The UNet's text inputs: through the text encoders when one trains, else given."""
-    unet, sdxl = configs.unet, configs.family == "sdxl"
+    """The UNet's text inputs: through the text encoders when one trains, else given (the
+    family's memory role: trainer/families/<folder>/memory.py)."""
+    from trainer.families import role
+
     encoders = [getattr(model, name) for name, _ in configs.text_encoders]
-    pooled = None
-    if any(p.requires_grad for e in encoders for p in e.parameters()):
-        ids = torch.zeros(batch, TEXT_LENGTH, dtype=torch.long, device="meta")
-        if sdxl:
-            outs = [e(ids, output_hidden_states=True) for e in encoders]
-            hidden = torch.cat([o.hidden_states[-2] for o in outs], dim=-1)
-            pooled = outs[-1][0]
-        else:
-            hidden = encoders[0](ids)[0]
-    else:
-        hidden = torch.zeros(batch, TEXT_LENGTH, unet["cross_attention_dim"], device="meta",
-                             dtype=dtype)
-        if sdxl:
-            width = (unet["projection_class_embeddings_input_dim"]
-                     - 6 * unet["addition_time_embed_dim"])
-            pooled = torch.zeros(batch, width, device="meta", dtype=dtype)
-    if not sdxl:
-        return hidden, None
-    return hidden, {"text_embeds": pooled,
-                    "time_ids": torch.zeros(batch, 6, device="meta", dtype=dtype)}
+    trained = any(p.requires_grad for e in encoders for p in e.parameters())
+    return role(configs.version, "memory").unet_text_inputs(
+        encoders, configs.unet, batch, dtype, TEXT_LENGTH, trained)
 
 
 def latent_factor(configs: ModelConfigs) -> int:

@@ -32,9 +32,6 @@ from typing import Any, Optional
 from trainer.advisor.advice import RUNTIME, RUNTIME_LOADING, Phase
 from trainer.advisor.model_configs import cached
 
-FOLDER_PARTS = {"flux1": {"text_encoder": "clip_l", "text_encoder_2": "t5xxl", "vae": "vae"},
-                "sd3": {"text_encoder": "clip_l", "text_encoder_2": "clip_g",
-                        "text_encoder_3": "t5xxl", "vae": "vae"}}
 NOT_ENCODING = ("activations", "the C heap", "compute-precision copies")  # a step's own lines
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
 
@@ -81,9 +78,19 @@ def _header(path: Path) -> dict[str, Any]:
     return read_safetensors_header(path).tensors
 
 
+def folder_parts(family: str) -> dict[str, str]:
+    """A diffusers folder's component folders -> the parts they hold: the family's text
+    encoders in the pipeline's order (``text_encoder``, ``text_encoder_2``, ...), the VAE."""
+    from trainer.families import spec
+
+    encoders = spec(family).text_encoders
+    return {**{"text_encoder" + (f"_{i + 1}" if i else ""): slot
+               for i, slot in enumerate(encoders)}, "vae": "vae"}
+
+
 def _folder_parts(root: Path, family: str) -> dict[str, Part]:
     out = {}
-    for folder, part in FOLDER_PARTS[family].items():
+    for folder, part in folder_parts(family).items():
         counts = [_count(_header(f), part) for f in sorted((root / folder).glob("*.safetensors"))]
         if counts:
             out[part] = Part(sum(c.params for c in counts), sum(c.fp8 for c in counts),

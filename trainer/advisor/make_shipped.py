@@ -13,9 +13,11 @@ from typing import Any, Optional
 from trainer.advisor.shipped import (
     _LOADED,
     FAMILIES,
+    FLOW_BUILDER,
     FLOW_MODELS,
     FOLDER,
     MODELS,
+    UNET_BUILDER,
     UNET_MODELS,
     _stamp,
     code_stamp,
@@ -43,13 +45,19 @@ def unet_configs(model: str) -> Any:
     return folder_configs(FAMILIES / model, str(FAMILIES / model), load_extra=0)
 
 
+def family_of(model: str) -> str:
+    """The family of a shipped model: an embedded twin's id or a variant's asset folder."""
+    from trainer.families import FAMILIES, embedded_family
+
+    return embedded_family(model) or next(
+        s.name for s in FAMILIES.values() if any(v.asset == model for v in s.variants))
+
+
 def flow_config(model: str) -> dict:
     if model.startswith("embedded:"):
-        from trainer.families.common import tiny_mmdit as tiny_flow
+        from trainer.families import role
 
-        build = tiny_flow.build_flux_components if model.endswith("flux") \
-            else tiny_flow.build_sd3_components
-        transformer = build()["transformer"]
+        transformer = role(family_of(model), "memory").tiny_components()["transformer"]
         return dict(transformer.config, _class_name=type(transformer).__name__)
     return json.loads((FAMILIES / model / "transformer" / "config.json").read_text("utf-8"))
 
@@ -64,7 +72,9 @@ def model_key(model: str) -> str:
 
 def tasks(model: str) -> list[tuple[Any, ...]]:
     if model in FLOW_MODELS:
-        blocks = ("all", "single", "double") if "flux" in model else ("all",)
+        from trainer.families import role
+
+        blocks = role(family_of(model), "memory").TRAIN_BLOCKS
         return [("flow", model, b, gc, batch) for b in blocks for gc in (False, True)
                 for batch in (1, 2)] + [("flow weights", model, b) for b in blocks]
     return [("unet", model)] + [("step", model, mode, json.dumps(settings), gc, batch)
@@ -172,10 +182,10 @@ def write_embedded() -> None:
 
     unet = {m: built_configs(m) for m in UNET_MODELS if m.startswith("embedded:")}
     flow = {m: flow_config(m) for m in FLOW_MODELS if m.startswith("embedded:")}
-    data = {"unet": {"stamp": _stamp("tiny.py"), "models": {
+    data = {"unet": {"stamp": _stamp(UNET_BUILDER), "models": {
         m: {"family": c.family, "unet": c.unet, "vae": c.vae,
             "text_encoders": [list(e) for e in c.text_encoders]} for m, c in unet.items()}},
-        "flow": {"stamp": _stamp("tiny_flow.py"), "models": flow}}
+        "flow": {"stamp": _stamp(FLOW_BUILDER), "models": flow}}
     (FOLDER / "embedded.json").write_text(
         json.dumps(data, indent=1, sort_keys=True, default=list) + "\n", encoding="utf-8")
 

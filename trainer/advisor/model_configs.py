@@ -3,7 +3,8 @@ advisor's cache of what it has computed from them.
 
 The configs: a diffusers folder's ``*/config.json``; for a single file, the family its header
 names (:mod:`trainer.families.sd.detect`) and that family's built-in configs or
-``model.config_dir``; for the embedded models, their builders' (:mod:`trainer.families.sd.tiny`).
+``model.config_dir``; for the embedded models, their builders' (the family's memory role,
+``trainer/families/<folder>/memory.py``).
 """
 
 from __future__ import annotations
@@ -25,12 +26,20 @@ _CACHE: dict[str, Any] = {}
 
 @dataclass(frozen=True)
 class ModelConfigs:
-    family: str  # "sdxl" or "sd" (SD 1.x and 2.x build alike)
+    family: str  # the family's folder: "sdxl" or "sd" (SD 1.x and 2.x build alike)
     unet: dict
     vae: dict
     text_encoders: tuple[tuple[str, dict], ...]  # (component, config)
     source: str
     load_extra_bytes: int  # read into memory beside the built weights while loading
+
+    @property
+    def version(self) -> str:
+        """The ``model_version`` a model of these configs is loaded as (the folder's first
+        family: SD 1.x for "sd")."""
+        from trainer.families import names, spec
+
+        return next(n for n in names(denoiser="unet") if spec(n).folder == self.family)
 
     @property
     def key(self) -> str:
@@ -80,15 +89,15 @@ def embedded_configs(value: str) -> ModelConfigs:
 def built_configs(value: str) -> ModelConfigs:
     """The configs of an embedded model, from its builder (seconds: diffusers and the tiny
     model)."""
-    from trainer.families.sd import tiny
+    from trainer.families import role, spec
     from trainer.models.loader import EMBEDDED_MODELS
 
     def build() -> ModelConfigs:
         family = EMBEDDED_MODELS[value]
-        parts = tiny.build_sdxl_components() if family == "sdxl" else tiny.build_components()
+        parts = role(family, "memory").tiny_components()
         encoders = tuple((name, parts[name].config.to_dict()) for name in ENCODERS
                          if parts.get(name) is not None)
-        return ModelConfigs("sdxl" if family == "sdxl" else "sd", dict(parts["unet"].config),
+        return ModelConfigs(spec(family).folder, dict(parts["unet"].config),
                             dict(parts["vae"].config), encoders, value, 0)
     return cached("built:" + value, build)
 
@@ -120,10 +129,10 @@ def _file_family(path: Path) -> tuple[Any, int]:
     """(the family, the bytes read beside the built weights while it loads) of a single file:
     a ``.safetensors`` file streams (trainer/models/streamed_load.py: one group of tensors and
     the largest tensor at a time), read from its header alone; a ``.ckpt`` is read whole."""
-    from trainer.families.sd import load as single_file
     from trainer.families import detect_path
-    from trainer.families.sd.detect import FAMILIES
     from trainer.families.common.files import read_safetensors_header
+    from trainer.families.sd import load as single_file
+    from trainer.families.sd.detect import FAMILIES
     from trainer.models.streamed_load import GROUP_BYTES
 
     if path.suffix.lower() == ".safetensors":

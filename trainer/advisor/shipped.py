@@ -15,10 +15,11 @@ any bucket, batch and LoRA rank; other settings are simulated once and kept on d
 ``embedded.json`` holds the embedded tiny models' configs (building them imports diffusers).
 
 The files are used while the code they came from is unchanged (``code``: a hash of
-:data:`CODE`); the library versions they were made with are recorded beside it. After a change
-to that code, ``python -m trainer.advisor.make_shipped`` makes them again (about an hour on 2
-CPU cores; ``--only sd1`` for one model) and ``tests/test_advisor_laws.py`` says when they are
-stale. This module reads them and imports nothing of the advisor's.
+:data:`CODE`, the advisor's simulation and the families' memory roles); the library versions
+they were made with are recorded beside it. After a change to that code, ``python -m
+trainer.advisor.make_shipped`` makes them again (about an hour on 2 CPU cores; ``--only sd1``
+for one model) and ``tests/test_advisor_laws.py`` says when they are stale. This module reads
+them and imports nothing of the advisor's.
 """
 
 from __future__ import annotations
@@ -30,9 +31,17 @@ from pathlib import Path
 from typing import Any, Optional
 
 HERE = Path(__file__).resolve().parent
-FOLDER = HERE.parent / "assets" / "advisor"
-FAMILIES = HERE.parent / "assets" / "families"
-CODE = ("footprint.py", "law.py", "law_keys.py", "live_bytes.py", "flow_memory.py")
+TRAINER = HERE.parent
+FOLDER = TRAINER / "assets" / "advisor"
+FAMILIES = TRAINER / "assets" / "families"
+# the code whose simulations ship (paths under trainer/): the advisor's and each family's
+# memory role (its small models, a step's inputs)
+CODE = ("advisor/footprint.py", "advisor/law.py", "advisor/law_keys.py",
+        "advisor/live_bytes.py", "advisor/flow_memory.py", "families/sd/memory.py",
+        "families/sdxl/memory.py", "families/flux/memory.py", "families/sd3/memory.py")
+# the embedded models' builders, whose configs embedded.json holds (paths under trainer/)
+UNET_BUILDER = "families/sd/tiny.py"
+FLOW_BUILDER = "families/common/tiny_mmdit.py"
 UNET_MODELS = ("sd1", "sd2-512", "sd2-768-v", "sdxl", "embedded:tiny-sd15",
                "embedded:tiny-sdxl")
 FLOW_MODELS = ("flux1-dev", "flux1-schnell", "sd35-large", "sd35-medium", "sd3-medium",
@@ -47,7 +56,7 @@ def code_stamp() -> str:
     those leaves the shipped laws in use)."""
     h = hashlib.sha256()
     for name in CODE:
-        h.update(_code(HERE / name).encode())
+        h.update(_code(TRAINER / name).encode())
     return h.hexdigest()[:16]
 
 
@@ -102,7 +111,8 @@ def lookup(model: str, key: str) -> Any:
 
 
 def _stamp(module: str) -> str:
-    return hashlib.sha256((HERE.parent / "models" / module).read_bytes()).hexdigest()[:16]
+    """A hash of a builder (a path under trainer/)."""
+    return hashlib.sha256((TRAINER / module).read_bytes()).hexdigest()[:16]
 
 
 def _embedded(value: str, section: str, module: str) -> Any:
@@ -118,10 +128,10 @@ def _embedded(value: str, section: str, module: str) -> Any:
 def embedded_configs(value: str) -> Optional[dict[str, Any]]:
     """The shipped configs of an embedded UNet model (family, unet, vae, text_encoders) while
     trainer/families/sd/tiny.py is the one they came from, else None."""
-    return _embedded(value, "unet", "tiny.py")
+    return _embedded(value, "unet", UNET_BUILDER)
 
 
 def embedded_flow_config(value: str) -> Optional[dict]:
     """The shipped transformer config of an embedded FLUX.1 / SD 3.5 model while
     trainer/families/common/tiny_mmdit.py is the one it came from, else None."""
-    return _embedded(value, "flow", "tiny_flow.py")
+    return _embedded(value, "flow", FLOW_BUILDER)

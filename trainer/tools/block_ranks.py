@@ -27,18 +27,20 @@ class BlockRank:
 
 
 def block_label(index: int, family: str) -> str:
-    """The conventional name of sd-scripts' block ``index`` (as block-weight tools write it)."""
-    if family == "sdxl":
-        if index == 0:
-            return "embeddings"
-        if index == 22:
-            return "out"
-        for first, count, name in ((1, 9, "IN"), (10, 3, "M"), (13, 9, "OUT")):
-            if first <= index < first + count:
-                return f"{name}{index - first:02d}"
-    if index < 12:
-        return f"IN{index:02d}"
-    return "M00" if index == 12 else f"OUT{index - 13:02d}"
+    """The conventional name of sd-scripts' block ``index`` (as block-weight tools write it):
+    the input blocks (IN), the middle (M) and the output blocks (OUT) of the family's counts;
+    where sd-scripts counts two more (SDXL), the first is the time / label embedding and the
+    last the output layer."""
+    side, middle, total = BLOCK_COUNTS[family]
+    edge = (total - 2 * side - middle) // 2  # blocks before the input blocks: 0 or 1
+    if edge and index == 0:
+        return "embeddings"
+    if edge and index == total - 1:
+        return "out"
+    i = index - edge
+    if i < side:
+        return f"IN{i:02d}"
+    return f"M{i - side:02d}" if i < side + middle else f"OUT{i - side - middle:02d}"
 
 
 def _add(values: list[Any], value: Any) -> None:

@@ -74,9 +74,10 @@ def model_modelspec(model: Any, title: str, adapter: Optional[str]) -> dict[str,
         SPEC_VERSION,
         modelspec_architecture,
     )
+    from trainer.families import role
 
     v_pred = model.prediction_type == "v_prediction"
-    sgm = adapter is None or model.version == "sdxl"
+    sgm = adapter is None or role(model.version, "targets").SGM_NAMES
     size = native_size(model)
     return {
         "modelspec.sai_model_spec": SPEC_VERSION,

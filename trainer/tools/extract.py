@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from trainer.families import is_flow, spec
 from trainer.tools import svd
 from trainer.tools.common import (
     DTYPES,
@@ -39,7 +40,6 @@ from trainer.tools.common import (
     model_modelspec,
     no_progress,
 )
-from trainer.tools.flow_targets import FLOW_FAMILIES
 from trainer.tools.options import ExtractOptions
 from trainer.tools.targets import Target, matches, model_targets
 
@@ -134,7 +134,7 @@ def extracted_metadata(base: Any, opts: ExtractOptions) -> dict[str, str]:
         "ss_network_dim": str(opts.rank),
         "ss_network_alpha": str(float(opts.rank)),
         "ss_network_args": json.dumps(args),
-        "ss_v2": str(base.version == "sd2"),
+        "ss_v2": str(spec(base.version).kohya_version == "sd_v2"),  # sd-scripts' --v2
         "ss_base_model_version": base_model_version_str(base.version, v_pred),
         "ss_sd_model_name": Path(opts.base).name,
         "ss_training_comment": f"extracted by SVD at rank {opts.rank} from "
@@ -156,7 +156,7 @@ def extract(opts: ExtractOptions, progress: Progress = no_progress) -> ExtractRe
     if base.version != tuned.version:
         raise ToolError(f"the base model is {base.version} and the tuned one {tuned.version}: "
                         f"a LoRA is extracted from a fine-tune of the base model")
-    if base.version in FLOW_FAMILIES:
+    if is_flow(base.version):
         return _extract_flow(opts, base, tuned, progress, started)
     pairs = layer_pairs(base, tuned, opts)
     skip = unchanged_encoders(pairs, opts.min_diff)
@@ -200,7 +200,7 @@ def format_extract(report: ExtractReport) -> str:
     parts: dict[str, int] = {}
     for m in report.modules:
         denoiser = m.name.startswith(("lora_unet_", "lora_transformer_"))
-        part = ("transformer" if report.family in FLOW_FAMILIES else "UNet") if denoiser \
+        part = ("transformer" if is_flow(report.family) else "UNet") if denoiser \
             else "text encoder"
         parts[part] = parts.get(part, 0) + 1
     lines = [f"Extracted {len(report.modules)} modules ("

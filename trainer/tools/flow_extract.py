@@ -26,6 +26,7 @@ from typing import Any, Optional
 import torch
 
 from trainer.export.names import text_encoder_module_path
+from trainer.families import role
 from trainer.tools import fused, svd
 from trainer.tools.common import Progress, ToolError
 from trainer.tools.flow_targets import TRANSFORMER, lora_targets
@@ -116,6 +117,8 @@ def flow_lora_tensors(base: Any, tuned: Any, rank: int, min_diff: float,
         largest[target.part] = max(largest.get(target.part, 0.0), float(diff.abs().max()))
     quiet = {p for p, m in largest.items() if p != TRANSFORMER and m <= min_diff}
     skipped = [f"{p}: largest change {largest[p]:.2g} <= min_diff {min_diff:g}" for p in quiet]
+    form = role(base.version, "targets").FILE_FORM  # trainer/families/<folder>/targets.py
+    extracted = {"kohya": kohya_layer, "peft": peft_layer}[form]
     tensors: dict[str, torch.Tensor] = {}
     modules: list[Module] = []
     unchanged = 0
@@ -127,11 +130,9 @@ def flow_lora_tensors(base: Any, tuned: Any, rank: int, min_diff: float,
         if change == 0 and target.part == TRANSFORMER:  # nothing to add; a text encoder
             unchanged += 1  # keeps every layer: diffusers 0.42 infers the form of a kohya
             continue  # CLIP LoRA from its out_proj keys ("to_out_lora"), and fails without
-        if base.version == "flux1":
-            layer, k, kept = kohya_layer(target, diff, rank, quantile)
+        layer, k, kept = extracted(target, diff, rank, quantile)
+        if form == "kohya":  # tensors by suffix under the kohya name
             layer = {f"{target.name}.{suffix}": t for suffix, t in layer.items()}
-        else:
-            layer, k, kept = peft_layer(target, diff, rank, quantile)
         tensors.update({key: t.to(dtype).contiguous() for key, t in layer.items()})
         modules.append((target.name, k, change, kept))
     if unchanged:
@@ -144,7 +145,8 @@ def flow_lora_tensors(base: Any, tuned: Any, rank: int, min_diff: float,
 
 def flow_metadata(base: Any, opts: Any) -> dict[str, str]:
     """sd-scripts' ``ss_*`` of an extracted file with the family's version and architecture
-    (trainer/families/common/mmdit_lora_file.py adds them, and the hashes when it writes the file)."""
+    (trainer/families/common/mmdit_lora_file.py adds them, and the hashes when it writes the
+    file)."""
     return {
         "ss_network_dim": str(opts.rank),
         "ss_network_alpha": str(float(opts.rank)),

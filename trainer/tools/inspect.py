@@ -19,15 +19,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from trainer.families import FAMILIES, names, role, spec
 from trainer.tools.block_ranks import BlockRank, format_blocks, unet_blocks
 from trainer.tools.lora_file import LoraFile, LoraModule, read_lora
 from trainer.tools.metadata_view import shown, training_facts, training_tags
 from trainer.tools.options import InspectOptions
 
-FAMILY_NAMES = {"sd1": "SD 1.x", "sd2": "SD 2.x", "sdxl": "SDXL", "flux1": "FLUX.1",
-                "sd3": "SD 3 / 3.5"}
-CROSS_ATTENTION_WIDTHS = {768: "sd1", 1024: "sd2", 2048: "sdxl"}
-TEXT_WIDTHS = {768: "sd1", 1024: "sd2"}
+ENCODER_WIDTHS = {"clip_l": 768, "open_clip": 1024, "clip_g": 1280}  # hidden states' widths
 PART_NAMES = {"unet": "UNet", "te": "text encoder", "te1": "text encoder 1",
               "te2": "text encoder 2", "transformer": "transformer", "te3": "T5",
               "other": "other"}
@@ -36,10 +34,6 @@ KIND_NAMES = {"lora": "LoRA", "loha": "LoHa", "lokr": "LoKr", "full": "full weig
 METADATA_SHOWN = 2_000  # characters of each raw metadata value in the report (a file's tag
 # frequency can be megabytes); the facts and tags are read from the whole values
 SGM_BLOCKS = ("lora_unet_input_blocks_", "lora_unet_middle_block_", "lora_unet_output_blocks_")
-# FLUX.1: BFL names (trainer/families/flux/lora.py); SD 3.5: ours (transformer.*, read as
-# lora_transformer_) and sd-scripts' (joint_blocks)
-FLOW_BLOCKS = {"flux1": ("lora_unet_double_blocks_", "lora_unet_single_blocks_"),
-               "sd3": ("lora_transformer_transformer_blocks_", "lora_unet_joint_blocks_")}
 SD3_VERSIONS = ("medium", "5-medium", "5-large")  # sd-scripts' SD3 ss_base_model_version
 
 
@@ -70,6 +64,30 @@ class InspectReport:
 
     def parts(self) -> dict[str, int]:
         return dict(collections.Counter(m.part for m in self.modules))
+
+
+def family_label(family: str) -> str:
+    """What people call a family's LoRA files: the family's targets role's ``LABEL`` (SD 3 /
+    3.5 files serve both), else the family's label; an unknown family as it is."""
+    if family not in FAMILIES:
+        return family
+    return getattr(role(family, "targets"), "LABEL", None) or spec(family).label
+
+
+def unet_widths(one_encoder: bool) -> dict[int, str]:
+    """The UNet families by the width of their text encoders' hidden states together (the
+    UNet's cross-attention input: 768 SD 1.x, 1024 SD 2.x, 2048 SDXL); with ``one_encoder``,
+    only the families of one text encoder (the width of an embedding's vectors)."""
+    out = {}
+    for name in names(denoiser="unet"):
+        encoders = spec(name).text_encoders
+        if not one_encoder or len(encoders) == 1:
+            out[sum(ENCODER_WIDTHS[e] for e in encoders)] = name
+    return out
+
+
+CROSS_ATTENTION_WIDTHS = unet_widths(one_encoder=False)
+TEXT_WIDTHS = unet_widths(one_encoder=True)
 
 
 def summary(values: list[Any]) -> Optional[tuple[Any, Any, Any]]:
@@ -114,16 +132,17 @@ def family_from_tensors(lora: LoraFile) -> tuple[str, str]:
             return "sdxl", "clip_l and clip_g vectors"
         dim = lora.embedding["emb_params"].shape[-1]
         return TEXT_WIDTHS.get(dim, "unknown"), f"vectors of width {dim}"
-    names = lora.modules
-    for family, prefixes in FLOW_BLOCKS.items():
-        if any(n.startswith(prefixes) for n in names):
-            return family, f"{FAMILY_NAMES[family]} block names ({prefixes[0]}...)"
-    if any(m.part in ("te1", "te2") for m in names.values()) or any(
-            n.startswith(SGM_BLOCKS) for n in names):
+    modules = lora.modules
+    for family in names(denoiser="transformer"):  # each family's block names: its targets role
+        prefixes = role(family, "targets").BLOCK_PREFIXES
+        if any(n.startswith(prefixes) for n in modules):
+            return family, f"{family_label(family)} block names ({prefixes[0]}...)"
+    if any(m.part in ("te1", "te2") for m in modules.values()) or any(
+            n.startswith(SGM_BLOCKS) for n in modules):
         return "sdxl", "SDXL key names (lora_te1_/lora_te2_, input_blocks)"
     for suffix, widths, what in (("attn2_to_k", CROSS_ATTENTION_WIDTHS, "cross-attention"),
                                  ("self_attn_q_proj", TEXT_WIDTHS, "text encoder")):
-        for name, module in names.items():
+        for name, module in modules.items():
             width = in_features(module) if name.endswith(suffix) else None
             if width is not None:
                 return widths.get(width, "unknown"), f"{what} width {width}"
@@ -191,7 +210,7 @@ def format_inspect(report: InspectReport, top_modules: int = 10,
     e = escape
     mods = report.modules
     lines = [f"### {e(report.path)}", f"- Type: {e(report.network_type)}",
-             f"- Family: {FAMILY_NAMES.get(report.family, report.family)} "
+             f"- Family: {family_label(report.family)} "
              f"({e(report.family_reason)})"]
     if mods:
         parts = ", ".join(f"{PART_NAMES[p]} {n}" for p, n in report.parts().items())

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from trainer.families import is_flow
 from trainer.tools.common import (
     DTYPES,
     Progress,
@@ -35,7 +36,7 @@ from trainer.tools.common import (
     model_modelspec,
     no_progress,
 )
-from trainer.tools.flow_targets import FLOW_FAMILIES, TRANSFORMER, family_name_table
+from trainer.tools.flow_targets import TRANSFORMER, family_name_table
 from trainer.tools.lora_file import LoraFile, LoraModule, read_lora
 from trainer.tools.options import MergeOptions
 from trainer.tools.targets import Target, swap_halves
@@ -119,7 +120,7 @@ def merged_metadata(model: Any, base: str, loras: list[tuple[LoraFile, float]],
     """``modelspec.*`` of the merged checkpoint, ``merged_from`` = base, LoRA (weight), ..."""
     sources = [Path(base).stem if Path(base).is_file() else Path(base).name]
     sources += [f"{title_of(f.path, f.metadata)} ({w:g})" for f, w in loras]
-    if model.version in FLOW_FAMILIES:  # the file's other modelspec keys: flow_checkpoint
+    if is_flow(model.version):  # the file's other modelspec keys: flow_checkpoint
         return {"modelspec.title": title, "modelspec.merged_from": ", ".join(sources)}
     meta = model_modelspec(model, title, adapter=None)
     meta["modelspec.merged_from"] = ", ".join(sources)
@@ -129,20 +130,20 @@ def merged_metadata(model: Any, base: str, loras: list[tuple[LoraFile, float]],
 def save_flow_merged(model: Any, opts: MergeOptions, metadata: dict[str, str],
                      text_merged: bool) -> list[str]:
     """A merged FLUX.1 / SD 3.5 model as one file in the original layout (BFL's, Stability's:
-    trainer/families/common/mmdit_checkpoint.py) and / or its diffusers pipeline folder. The file holds
-    what the model ships as (FLUX.1 the transformer, SD 3.5 the transformer and the VAE), and
-    every component when a text encoder was merged, as DreamBooth writes it."""
+    trainer/families/common/mmdit_checkpoint.py) and / or its diffusers pipeline folder. The file
+    holds what the model ships as (FLUX.1 the transformer, SD 3.5 the transformer and the VAE),
+    and every component when a text encoder was merged, as DreamBooth writes it."""
+    from trainer.families import family_of
     from trainer.families.common.mmdit_checkpoint import save_flow_checkpoint
     from trainer.families.sd.pipeline_folder import save_flow_pipeline_folder
     from trainer.methods.dreambooth import FLOW_PARTS, flow_checkpoint_family
-    from trainer.families import family_of
 
     dtype, outputs = DTYPES[opts.precision], []
     encoders = {name: enc for name, enc, _ in family_of(model).text_encoders(model)}
     if opts.save_to:
-        parts = FLOW_PARTS[model.version]
-        if not text_merged:
-            parts = parts[:1] if model.version == "flux1" else parts[:2]
+        # without a merged text encoder, the parts the family's released file holds (the
+        # default of trainer/families/common/mmdit_checkpoint.py's flow_state_dict)
+        parts = FLOW_PARTS[model.version] if text_merged else None
         components = {"transformer": model.unet, "vae": model.vae, **encoders}
         save_flow_checkpoint(Path(opts.save_to).expanduser(), components,
                              flow_checkpoint_family(model), metadata, parts=parts, dtype=dtype)
@@ -192,7 +193,7 @@ def merge(opts: MergeOptions, progress: Progress = no_progress) -> MergeReport:
     progress(total, total, "saving")
     title = Path(opts.save_to or opts.save_folder or "merged").stem
     metadata = merged_metadata(model, opts.base, list(zip(files, weights)), title)
-    if model.version in FLOW_FAMILIES:
+    if is_flow(model.version):
         text_merged = any(table[name].part != TRANSFORMER for f in files for name in f.modules
                           if name in table)
         outputs = save_flow_merged(model, opts, metadata, text_merged)

@@ -75,13 +75,14 @@ def _sgm_names(unet: torch.nn.Module) -> Optional[Callable[[str], str]]:
 
 def unet_targets(unet: torch.nn.Module, version: str) -> list[tuple[Target, list[str]]]:
     """(target, alias names) of every layer of the UNet."""
-    sgm = _sgm_names(unet)
+    from trainer.families import role
+
+    sgm, primary = _sgm_names(unet), role(version, "targets").SGM_NAMES
     out = []
     for path, module in _layers(unet):
         diffusers_name = kohya_module_name("lora_unet", path)
         sgm_name = kohya_module_name("lora_unet", sgm(path)) if sgm else diffusers_name
-        name, alias = (sgm_name, diffusers_name) if version == "sdxl" else (diffusers_name,
-                                                                            sgm_name)
+        name, alias = (sgm_name, diffusers_name) if primary else (diffusers_name, sgm_name)
         out.append((Target(name, path, "unet", module), [alias] if alias != name else []))
     return out
 
