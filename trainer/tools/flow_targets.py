@@ -84,7 +84,7 @@ def lora_targets(model: Any) -> list[Target]:
     from trainer.tools.targets import matches
 
     targets = family_targets(model)
-    out = targets.trained_targets(model.unet)
+    out = targets.trained_targets(model.denoiser)
     for target, _ in text_targets(model):
         if target.part == "te3":
             if targets.TRAINS_T5 and matches(target.path, T5_TARGETS):

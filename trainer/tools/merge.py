@@ -144,7 +144,7 @@ def save_flow_merged(model: Any, opts: MergeOptions, metadata: dict[str, str],
         # without a merged text encoder, the parts the family's released file holds (the
         # default of trainer/families/common/mmdit_checkpoint.py's flow_state_dict)
         parts = FLOW_PARTS[model.version] if text_merged else None
-        components = {"transformer": model.unet, "vae": model.vae, **encoders}
+        components = {"transformer": model.denoiser, "vae": model.vae, **encoders}
         save_flow_checkpoint(Path(opts.save_to).expanduser(), components,
                              flow_checkpoint_family(model), metadata, parts=parts, dtype=dtype)
         outputs.append(opts.save_to)
