@@ -6,11 +6,10 @@
 - :mod:`trainer.export.embedding`: textual-inversion embeddings (``emb_params``).
 - :mod:`trainer.export.lycoris`: LyCORIS files (``lycoris.kohya``);
   :mod:`trainer.export.lycoris_args`: their network arguments.
-- :mod:`trainer.families.sd.checkpoint`: single-file checkpoints in the original layout.
 - :mod:`trainer.export.names`: module names as the files name them, shared by the writers.
-- :mod:`trainer.families.flux.lora`: FLUX.1 LoRA targets and kohya keys on the BFL layout;
-  :mod:`trainer.families.sd3.lora`: SD 3.5 targets and the ``transformer.*`` form;
-  :mod:`trainer.families.common.mmdit_lora_file`: their metadata (sd-scripts' values) and the file.
+
+What is one family's own (its single-file checkpoint, its LoRA key forms) is in that family's
+folder: ``trainer/families/<folder>/checkpoint.py`` and ``lora.py``.
 
 Files are written atomically through :mod:`trainer.system.safe_write`.
 

@@ -1,7 +1,7 @@
-"""The model families and how they load: SD 1.x, 2.x and SDXL from a diffusers folder or a single
-file (component configs ship as data in ``trainer/assets/families``; detection from the header),
-the family objects that turn prompts into conditioning, the tokenizers' offline lookup and the
-tiny builders of the embedded models.
+"""What every model family shares: the one ``BaseModel`` and its loader (a diffusers folder, a
+single file, an embedded tiny twin; the family's own roles in ``trainer/families`` read the
+parts), single files streamed tensor by tensor, base weights in fp8 / NF4 / int8 and block swap,
+the tokenizers' offline lookup, and the text-conditioning record every family returns.
 
-May import config and system; never the run.
+May import the config, the system and the families' torch-free layer; never the run.
 """
