@@ -17,7 +17,7 @@ from train_helpers import randomize
 
 from trainer.config import ModelSection
 from trainer.families.sd.checkpoint import ldm_state_dict, save_checkpoint
-from trainer.families.sd import load as single_file
+from trainer.families.sd import single_file
 from trainer.models.loader import ModelLoadError, load_base_model
 from trainer.models.streamed_load import SafetensorsReader
 from trainer.families.sd.tiny import (

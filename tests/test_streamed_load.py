@@ -9,7 +9,7 @@ from test_models_single_file import BUILDERS, MODULES, assert_same_weights, load
 from train_helpers import randomize
 
 from trainer.models import streamed_load
-from trainer.families.sd import load as single_file
+from trainer.families.sd import single_file
 from trainer.families.sd.tiny import save_tiny_model
 
 

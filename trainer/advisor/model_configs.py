@@ -131,7 +131,7 @@ def _file_family(path: Path) -> tuple[Any, int]:
     the largest tensor at a time), read from its header alone; a ``.ckpt`` is read whole."""
     from trainer.families import detect_path
     from trainer.families.common.files import read_safetensors_header
-    from trainer.families.sd import load as single_file
+    from trainer.families.sd import single_file
     from trainer.families.sd.detect import FAMILIES
     from trainer.models.streamed_load import GROUP_BYTES
 

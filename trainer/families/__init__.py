@@ -20,16 +20,19 @@ from typing import Any, Optional
 from trainer.families import flux, sd, sd3, sdxl
 from trainer.families.spec import DetectionError, FamilySpec, Found, ModelLoadError
 
-__all__ = ["FAMILIES", "DetectionError", "FamilySpec", "Found", "ModelLoadError", "detect_path",
-           "embedded_family", "family", "family_of", "family_or_none", "folder_family", "is_flow",
-           "label", "names", "role", "spec"]
+__all__ = ["FAMILIES", "LAST_RESORT", "DetectionError", "FamilySpec", "Found", "ModelLoadError",
+           "detect_path", "embedded_family", "family", "family_of", "family_or_none",
+           "folder_family", "is_flow", "label", "names", "role", "spec"]
 
 # The family folders, one line each; a single file is offered to each folder's detect role in
 # the order of _DETECTION (the transformer layouts first; the UNet families' detection, last,
 # names what a file is when it is none of them).
 _FOLDERS = (sd, sdxl, flux, sd3)
 FAMILIES: dict[str, FamilySpec] = {s.name: s for m in _FOLDERS for s in m.SPECS}
-_DETECTION = ("flux", "sd3", "sd")  # sd's detection answers for SDXL too
+_DETECTION = ("flux", "sd3", "sd")
+# the family whose load role opens what detection cannot tell (a .ckpt, a folder of no known
+# pipeline): SD's single-file and folder loads name what such a path holds
+LAST_RESORT = "sd1"  # sd's detection answers for SDXL too
 
 
 def spec(name: str) -> FamilySpec:

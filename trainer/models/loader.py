@@ -6,7 +6,7 @@ and the methods never care where the weights came from.
 A single ``.safetensors``/``.ckpt`` file loads with no network access: its family is read from
 the header (:mod:`trainer.families.sd.detect`), its configs are the family's built-in ones or
 ``model.config_dir``, its weights go through diffusers' converters one component at a time
-(:mod:`trainer.families.sd.load`) and its tokenizer is looked up locally
+(:mod:`trainer.families.sd.single_file`) and its tokenizer is looked up locally
 (:mod:`trainer.models.tokenizers`). With ``model.cache_as_diffusers`` the result is kept as a
 diffusers folder under the studio's data folder, keyed by the file's identity and the settings
 that shape the result, and loaded from there next time; by default nothing is written.
@@ -24,10 +24,8 @@ from trainer import families as registry
 from trainer.config import ModelSection
 from trainer.config.paths import data_home
 from trainer.families.common import files as file_checks
-from trainer.families.sd import detect as families
-from trainer.families.sd import load as single_file
-from trainer.families.sd.detect import FAMILIES, Family, ModelLoadError
-from trainer.models import lazy_diffusers, tokenizers
+from trainer.families.sd.detect import ModelLoadError
+from trainer.models import lazy_diffusers
 
 EMBEDDED_MODELS = {s.embedded: s.name for s in registry.FAMILIES.values() if s.embedded}
 
@@ -110,14 +108,13 @@ def load_base_model(section: ModelSection, dtype: Any = None, t5_frozen: bool = 
         cached = _cache_folder(path, section) if section.cache_as_diffusers else None
         if cached is not None and (cached / CACHE_INFO).is_file():
             return _from_cache(cached, path, section)
-        from trainer.families.common.mmdit_folder import load_flow_file
-
-        if _flow_file(path):  # no fp8 / NF4 at the load for the diffusers copy: as loaded
-            model = BaseModel(**load_flow_file(path, section, dtype, t5_frozen,
-                                               defer_denoiser and cached is None, cached is None))
-        else:
-            model = _from_single_file(path, section, single_file.fp8_unet(section, dtype)
-                                      if cached is None else None)
+        # the file's family reads it (a .ckpt or an unreadable header: the last resort's
+        # loader, which names what the file holds); the diffusers copy is kept as loaded, with
+        # no fp8 / NF4 storage at the load
+        name = registry.family_or_none(path) or registry.LAST_RESORT
+        model = BaseModel(**registry.role(name, "load").load_file(
+            path, section, dtype=dtype, t5_frozen=t5_frozen,
+            defer_denoiser=defer_denoiser and cached is None, fresh=cached is None))
         if cached is not None:
             _save_cache(model, cached)
         return model
@@ -128,14 +125,6 @@ def load_base_model(section: ModelSection, dtype: Any = None, t5_frozen: bool = 
 # --- diffusers folders ------------------------------------------------------------------------
 
 
-def _flow_file(path: Path) -> bool:
-    """Whether the file holds a transformer family's model (FLUX.1, SD 3.x;
-    :func:`trainer.families.detect_path`), which the MMDiT loader reads; for another, the UNet
-    families' loader reports what it holds."""
-    name = registry.family_or_none(path)
-    return name is not None and registry.spec(name).denoiser == "transformer"
-
-
 def _folder_version(path: Path) -> str:
     """The family of a diffusers folder, from its JSON files (no weights read)."""
     from trainer.families import folder_family
@@ -143,189 +132,16 @@ def _folder_version(path: Path) -> str:
     if not (path / "model_index.json").is_file():
         raise ModelLoadError(f"{FIELD} = {str(path)!r}: the folder has no model_index.json; "
                              f"it must be a diffusers Stable Diffusion folder")
-    return folder_family(path) or "sd1"  # the component load below names what is missing
-
-
-def _check_folder_version(detected: str, requested: str, width: int) -> str:
-    if requested == "auto" or requested == detected:
-        return detected
-    wanted = registry.spec(requested)
-    if wanted.denoiser != "unet":  # a transformer family: its own folder loader reads it
-        raise ModelLoadError(f"model.model_version = {requested!r}, but {FIELD} holds a "
-                             f"{FAMILIES[detected].label} model; point {FIELD} at a "
-                             f"{wanted.label} diffusers folder or single file, or set "
-                             f"model.model_version to 'auto'")
-    # SD 1.x and 2.x share a folder: a tiny model of neither's width may be either
-    if wanted.folder != registry.spec(detected).folder or width in (768, 1024):
-        raise ModelLoadError(f"model.model_version = {requested!r}, but the model looks like "
-                             f"{detected} (text encoder width {width}); set it to auto")
-    return requested  # a model of no standard width (a tiny test model): as the setting says
-
-
-def _load_folder(path: Path, sdxl: bool) -> dict[str, Any]:
-    from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
-    from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
-
-    local = {"local_files_only": True}
-    try:
-        parts = {
-            "denoiser": UNet2DConditionModel.from_pretrained(path, subfolder="unet", **local),
-            "vae": AutoencoderKL.from_pretrained(path, subfolder="vae", **local),
-            "text_encoder": CLIPTextModel.from_pretrained(path, subfolder="text_encoder",
-                                                          **local),
-            "tokenizer": CLIPTokenizer.from_pretrained(path, subfolder="tokenizer", **local),
-            "noise_scheduler": DDPMScheduler.from_pretrained(path, subfolder="scheduler",
-                                                             **local),
-        }
-        if sdxl:
-            parts["text_encoder_2"] = CLIPTextModelWithProjection.from_pretrained(
-                path, subfolder="text_encoder_2", **local)
-            parts["tokenizer_2"] = CLIPTokenizer.from_pretrained(path, subfolder="tokenizer_2",
-                                                                 **local)
-        return parts
-    except (OSError, ValueError, KeyError) as exc:
-        raise ModelLoadError(f"{FIELD} = {str(path)!r}: cannot load the diffusers folder "
-                             f"({exc})") from None
+    return folder_family(path) or registry.LAST_RESORT  # its load names what is missing
 
 
 def _from_folder(path: Path, section: ModelSection) -> BaseModel:
-    from trainer.families.common.mmdit_folder import folder_flow_family, load_flow_folder
-
-    flow = folder_flow_family(path)
-    if flow is not None:
-        if section.vae:
-            raise ModelLoadError(f"model.vae is set, but {FIELD} is a FLUX.1 / SD 3.5 folder, "
-                                 f"whose VAE is its own; unset model.vae")
-        return BaseModel(**load_flow_folder(path, section, flow))
-    detected = _folder_version(path)
-    parts = _load_folder(path, len(registry.spec(detected).text_encoders) == 2)
-    if section.vae:
-        parts["vae"] = _load_vae(Path(section.vae).expanduser(), path)
-    width = parts["text_encoder"].config.hidden_size
-    version = _check_folder_version(detected, section.model_version, width)
-    prediction = section.prediction_type or parts["noise_scheduler"].config.prediction_type
-    resolution = families.native_resolution(parts["denoiser"].config, parts["vae"].config)
-    return BaseModel(**parts, version=version, prediction_type=prediction, source=str(path),
-                     name=path.name,
-                     description=families.describe(FAMILIES[version], prediction, resolution))
-
-
-def _load_vae(path: Path, config_dir: Path):
-    """``model.vae``: a diffusers folder (``vae/`` inside or itself) or a VAE file."""
-    from diffusers import AutoencoderKL
-
-    if path.is_file():
-        try:
-            return single_file.load_vae_file(path, config_dir)
-        except ModelLoadError as exc:
-            raise ModelLoadError(f"model.vae = {str(path)!r}: {exc}") from None
-    try:
-        sub = "vae" if (path / "vae").is_dir() else None
-        return AutoencoderKL.from_pretrained(path, subfolder=sub, local_files_only=True)
-    except Exception as exc:  # noqa: BLE001
-        raise ModelLoadError(f"model.vae = {str(path)!r}: cannot load the VAE ({exc})") from None
+    """A diffusers folder through its family's load role."""
+    name = _folder_version(path)
+    return BaseModel(**registry.role(name, "load").load_folder(path, section, name))
 
 
 # --- single checkpoint files ------------------------------------------------------------------
-
-
-def _configs(family: Family, section: ModelSection, evidence: families.Evidence
-             ) -> tuple[Path, str, str]:
-    """(config folder, prediction type, why that prediction type)."""
-    from diffusers import DDPMScheduler
-
-    config_default = None
-    if section.config_dir:
-        config_dir = Path(section.config_dir).expanduser()
-        if not (config_dir / "unet" / "config.json").is_file():
-            raise ModelLoadError(f"model.config_dir = {str(config_dir)!r}: no unet/config.json "
-                                 f"there; it must be a folder of diffusers component configs")
-        try:
-            config = DDPMScheduler.load_config(str(config_dir), subfolder="scheduler")
-            config_default = config.get("prediction_type")
-        except OSError:
-            pass
-    prediction, why = families.choose_prediction(family, section.prediction_type, evidence,
-                                                 config_default)
-    if not section.config_dir:
-        config_dir = family.config_dir(prediction)
-    return config_dir, prediction, why
-
-
-def _tokenizers(family: Family, section: ModelSection, path: Path) -> dict[str, Any]:
-    out = {}
-    for slot in family.encoders:
-        found = tokenizers.locate(family, slot, section.tokenizer, path)
-        out[slot.tokenizer] = tokenizers.load(found, slot.pad_token)
-    return out
-
-
-def _scheduler(config_dir: Path, family: Family, prediction: str):
-    """Training's DDPM scheduler with the betas of ``config_dir`` (else the family's)."""
-    from diffusers import DDPMScheduler
-
-    try:
-        config = DDPMScheduler.load_config(str(config_dir), subfolder="scheduler")
-    except OSError:  # a model.config_dir without scheduler/: the family's schedule
-        config = DDPMScheduler.load_config(str(family.config_dir(prediction)),
-                                           subfolder="scheduler")
-    return DDPMScheduler.from_config(config, prediction_type=prediction, clip_sample=False)
-
-
-def _notes(ckpt: single_file.Checkpoint, found: families.Detected, why: str,
-           section: ModelSection) -> tuple[str, ...]:
-    notes = [f"prediction type: {why}"]
-    dtype = single_file.unet_dtype(ckpt)
-    if dtype:
-        notes.append(f"{dtype} weights")
-    if found.ema_keys:
-        notes.append(f"{found.ema_keys} {families.EMA_PREFIX}* keys ignored")
-    if section.vae:
-        notes.append("VAE from model.vae")
-    if section.config_dir:
-        notes.append(f"configs from model.config_dir {section.config_dir}")
-    return tuple(notes)
-
-
-def _open(path: Path, section: ModelSection):
-    """Open and check the file before any weight is read: family, shape, VAE, version."""
-    ckpt = single_file.Checkpoint(path)
-    try:
-        found = single_file.inspect(ckpt)
-        families.check_requested(found, section.model_version)
-        if not section.config_dir:
-            families.check_builtin_shape(found)
-        if not found.has_vae and not section.vae:
-            raise ModelLoadError("the file holds no VAE (no first_stage_model.* keys): set "
-                                 "model.vae to a VAE file or a diffusers folder")
-    except BaseException:
-        ckpt.close()
-        raise
-    return ckpt, found
-
-
-def _from_single_file(path: Path, section: ModelSection, fp8: Any = None) -> BaseModel:
-    try:
-        ckpt, found = _open(path, section)
-        with ckpt:
-            family = found.family
-            evidence = families.prediction_evidence(ckpt.metadata, ckpt.keys, ckpt.global_step)
-            config_dir, prediction, why = _configs(family, section, evidence)
-            toks = _tokenizers(family, section, path)
-            notes = _notes(ckpt, found, why, section)
-            parts = single_file.load_modules(ckpt, found, config_dir, not section.vae, fp8)
-    except ModelLoadError as exc:
-        if str(exc).startswith(FIELD):
-            raise
-        raise ModelLoadError(f"{FIELD} = {str(path)!r}: {exc}") from None
-    if section.vae:
-        parts["vae"] = _load_vae(Path(section.vae).expanduser(), config_dir)
-    parts["denoiser"] = parts.pop("unet")
-    resolution = families.native_resolution(parts["denoiser"].config, parts["vae"].config)
-    return BaseModel(**parts, **toks, noise_scheduler=_scheduler(config_dir, family, prediction),
-                     version=family.name, prediction_type=prediction, source=str(path),
-                     name=path.stem,
-                     description=families.describe(family, prediction, resolution, notes))
 
 
 # --- model.cache_as_diffusers -----------------------------------------------------------------
@@ -365,7 +181,7 @@ def _from_cache(folder: Path, path: Path, section: ModelSection) -> BaseModel:
     if section.model_version not in ("auto", info["version"]):
         raise ModelLoadError(f"{FIELD} = {str(path)!r}: model.model_version = "
                              f"{section.model_version!r}, but the file is "
-                             f"{FAMILIES[info['version']].label}; set model.model_version to "
+                             f"{registry.label(info['version'])}; set model.model_version to "
                              f"'auto' or {info['version']!r}")
     cached = section.model_copy(update={"vae": None, "model_version": info["version"]})
     model = _from_folder(folder, cached)  # its VAE is the one loaded at first

@@ -8,7 +8,7 @@ dtype, offsets that do not match the shape, overlap, leave holes or run past the
 (a cut-short download), metadata that is not text. :func:`check_base_model_file` adds what a
 base model must be: not empty, not a folder in a file's name, not a LoRA or an embedding (a
 ``.ckpt`` that needs more than tensors is refused by ``torch.load(weights_only=True)`` in
-:mod:`trainer.families.sd.load`).
+:mod:`trainer.families.sd.single_file`).
 
 Each problem is one :class:`ModelFileError` whose message names the file and what is wrong.
 """

@@ -34,9 +34,9 @@ from typing import Any, Optional
 
 import torch
 
-from trainer.families.sd import checkpoint
 from trainer.export.metadata import SPEC_VERSION
 from trainer.export.names import text_encoder_module_path, unwrap
+from trainer.families.sd import checkpoint
 from trainer.system.safe_write import save_safetensors_atomic
 
 DIT = "model.diffusion_model."

@@ -121,3 +121,18 @@ def load_flow_file(path: Path, section: Any, dtype: Any = None, t5_frozen: bool 
                 source=str(path), name=path.stem, description=info.description,
                 t5_max_length=t5_length(info.version, info.variant,
                                         section.t5xxl_max_token_length))
+
+
+def load_folder(path: Path, section: Any, family: str) -> dict[str, Any]:
+    """The load role of the MMDiT families: a diffusers folder, whose VAE is its own."""
+    if section.vae:
+        raise ModelLoadError(f"model.vae is set, but {FIELD} is a FLUX.1 / SD 3.5 folder, "
+                             f"whose VAE is its own; unset model.vae")
+    return load_flow_folder(path, section, family)
+
+
+def load_file(path: Path, section: Any, *, dtype: Any = None, t5_frozen: bool = False,
+              defer_denoiser: bool = False, fresh: bool = True) -> dict[str, Any]:
+    """The load role of the MMDiT families: a single file and its part files (``fresh``
+    False: the diffusers copy's load, kept as the file's weights; see :func:`load_flow_file`)."""
+    return load_flow_file(path, section, dtype, t5_frozen, defer_denoiser, fresh)

@@ -30,13 +30,13 @@ from typing import Any, Optional
 
 import torch
 
-from trainer.families.spec import ModelLoadError
 from trainer.families.common.mmdit_detect import (
     FILES,
     TEXT_MARKERS,
     TEXT_PREFIXES,
     FlowFileInfo,
 )
+from trainer.families.spec import ModelLoadError
 from trainer.models.memory import fp8_storage
 
 FLUX_WIDTH = 3072  # the width diffusers' FLUX converter assumes

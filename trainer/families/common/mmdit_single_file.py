@@ -34,7 +34,6 @@ from typing import Any, Optional
 
 import torch
 
-from trainer.families.spec import ModelLoadError
 from trainer.families.common.mmdit_detect import (
     FILES,
     REQUIRED,
@@ -53,6 +52,7 @@ from trainer.families.common.mmdit_parts import (
     text_prefix,
 )
 from trainer.families.common.mmdit_tokenizers import load_flow_tokenizers
+from trainer.families.spec import ModelLoadError
 
 # --- configs ----------------------------------------------------------------------------------
 

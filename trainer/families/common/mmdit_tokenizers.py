@@ -23,8 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
-from trainer.models import tokenizers
 from trainer.families.sd.detect import CLIP_L_PAD, OPEN_CLIP_PAD
+from trainer.models import tokenizers
 from trainer.models.tokenizers import CLIP_L, Found, TokenizerNotFound
 
 SCHNELL = "black-forest-labs/FLUX.1-schnell"

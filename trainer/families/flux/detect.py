@@ -5,8 +5,9 @@ reads both MMDiT layouts). Torch-free."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
 from trainer.families.common.mmdit_detect import FLUX_MARKER, detect_flow, holds_transformer
 from trainer.families.spec import Found

@@ -1,259 +1,196 @@
-"""Read a single checkpoint file in the original layout into diffusers/transformers modules.
-
-diffusers' own ``from_single_file`` does the key conversion; what this module adds is that it
-never needs the network (the configs come from :mod:`trainer.families.sd.detect`' data or
-``model.config_dir``) and that it reads the file the way users have it:
-
-- ``.safetensors``: the header alone answers detection (keys, shapes, dtypes, metadata).
-- ``.ckpt``: only ``torch.load(weights_only=True)``, which unpickles tensors and plain
-  containers and nothing else; a pickle that needs more (a class of the training code, a
-  callback) is refused with the reason, since unpickling it could run any code. A
-  ``state_dict`` wrapper (PyTorch Lightning's) is unwrapped; its ``global_step`` is kept.
-- fp16, bf16 or fp32 weights: every module loads as fp32 (diffusers casts each tensor to the
-  dtype of the parameter it fills, and the modules are built in fp32); the loop casts what it
-  freezes. With ``model.base_precision = "fp8"`` the UNet's weights that fp8 storage holds
-  stream into fp8 instead (an fp8 file's as they are), the rest in the run's compute dtype.
-- ``model_ema.*`` keys (EMA copies that unpruned files carry) are never read: training continues
-  from the non-EMA weights, as diffusers' converter does by default (``extract_ema=False``).
-
-Memory: the file is never loaded whole. A ``.safetensors`` component streams from the file a
-group of tensors at a time (trainer/models/streamed_load.py): the peak is the modules built so
-far plus one group (an SD 1.5-size fp16 file: 1.10x its fp32 modules, bench/single_file_load.py).
-Where a component cannot stream, :class:`Checkpoint` hands out its weights whole (UNet, VAE,
-each text encoder in turn), diffusers builds it on the ``meta`` device and fills it, and its
-source tensors are dropped before the next one is read (the UNet's: at most 1.5x the fp32 UNet
-for an fp16 file), never the model twice. A ``.ckpt`` is
-memory-mapped (``torch.load(mmap=True)``) when it is in the zip format, so its tensors stay in
-the page cache; an old-format ``.ckpt`` is read whole, and its tensors are freed per component.
-"""
+"""SD 1.x, 2.x and SDXL as the loader reads them: a diffusers folder (``StableDiffusion*Pipeline``)
+or a single checkpoint in the original layout (:mod:`trainer.families.sd.single_file` reads
+its tensors, offline, with the family's built-in configs or ``model.config_dir``). Each
+function returns the fields of :class:`trainer.models.loader.BaseModel`."""
 
 from __future__ import annotations
 
-import pickle
-import re
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
-import torch
+from trainer import families as registry
+from trainer.families.sd import detect as families
+from trainer.families.sd import single_file
+from trainer.families.sd.detect import FAMILIES, Family, ModelLoadError
+from trainer.models import tokenizers
 
-from trainer.families.sd.detect import (
-    EMA_PREFIX,
-    UNET_PREFIX,
-    VAE_PREFIX,
-    Detected,
-    ModelLoadError,
-    TextEncoderSlot,
-    detect,
-)
-from trainer.models.streamed_load import NotStreamable, Storage
+FIELD = "model.pretrained_model_name_or_path"
 
 
-class Checkpoint:
-    """An open checkpoint: keys, shapes and metadata, then its weights one prefix at a time."""
+def load_folder(path: Path, section: Any, detected: str) -> dict[str, Any]:
+    """A diffusers folder whose ``model_index.json`` names ``detected``."""
+    parts = _load_folder(path, len(registry.spec(detected).text_encoders) == 2)
+    if section.vae:
+        parts["vae"] = _load_vae(Path(section.vae).expanduser(), path)
+    width = parts["text_encoder"].config.hidden_size
+    version = _check_folder_version(detected, section.model_version, width)
+    prediction = section.prediction_type or parts["noise_scheduler"].config.prediction_type
+    resolution = families.native_resolution(parts["denoiser"].config, parts["vae"].config)
+    return dict(**parts, version=version, prediction_type=prediction, source=str(path),
+                     name=path.name,
+                     description=families.describe(FAMILIES[version], prediction, resolution))
 
-    def __init__(self, path: Path):
-        self.path = path
-        self.metadata: dict[str, str] = {}
-        self.global_step: Optional[int] = None
-        self._handle: Any = None
-        self._tensors: dict[str, torch.Tensor] = {}
-        if path.suffix.lower() == ".safetensors":
-            self._open_safetensors()
-        else:
-            self._open_ckpt()
 
-    def _open_safetensors(self) -> None:
-        from safetensors import SafetensorError, safe_open
+def load_file(path: Path, section: Any, *, dtype: Any = None, fresh: bool = True,
+              **_: Any) -> dict[str, Any]:
+    """A single checkpoint file; with ``model.base_precision = "fp8"`` (and ``fresh``: not for
+    the diffusers copy) its UNet is stored in fp8 as it streams."""
+    return _from_single_file(path, section, single_file.fp8_unet(section, dtype)
+                             if fresh else None)
 
+
+def _check_folder_version(detected: str, requested: str, width: int) -> str:
+    if requested == "auto" or requested == detected:
+        return detected
+    wanted = registry.spec(requested)
+    if wanted.denoiser != "unet":  # a transformer family: its own folder loader reads it
+        raise ModelLoadError(f"model.model_version = {requested!r}, but {FIELD} holds a "
+                             f"{FAMILIES[detected].label} model; point {FIELD} at a "
+                             f"{wanted.label} diffusers folder or single file, or set "
+                             f"model.model_version to 'auto'")
+    # SD 1.x and 2.x share a folder: a tiny model of neither's width may be either
+    if wanted.folder != registry.spec(detected).folder or width in (768, 1024):
+        raise ModelLoadError(f"model.model_version = {requested!r}, but the model looks like "
+                             f"{detected} (text encoder width {width}); set it to auto")
+    return requested  # a model of no standard width (a tiny test model): as the setting says
+
+
+def _load_folder(path: Path, sdxl: bool) -> dict[str, Any]:
+    from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
+    from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
+
+    local = {"local_files_only": True}
+    try:
+        parts = {
+            "denoiser": UNet2DConditionModel.from_pretrained(path, subfolder="unet", **local),
+            "vae": AutoencoderKL.from_pretrained(path, subfolder="vae", **local),
+            "text_encoder": CLIPTextModel.from_pretrained(path, subfolder="text_encoder",
+                                                          **local),
+            "tokenizer": CLIPTokenizer.from_pretrained(path, subfolder="tokenizer", **local),
+            "noise_scheduler": DDPMScheduler.from_pretrained(path, subfolder="scheduler",
+                                                             **local),
+        }
+        if sdxl:
+            parts["text_encoder_2"] = CLIPTextModelWithProjection.from_pretrained(
+                path, subfolder="text_encoder_2", **local)
+            parts["tokenizer_2"] = CLIPTokenizer.from_pretrained(path, subfolder="tokenizer_2",
+                                                                 **local)
+        return parts
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(f"{FIELD} = {str(path)!r}: cannot load the diffusers folder "
+                             f"({exc})") from None
+
+
+def _load_vae(path: Path, config_dir: Path):
+    """``model.vae``: a diffusers folder (``vae/`` inside or itself) or a VAE file."""
+    from diffusers import AutoencoderKL
+
+    if path.is_file():
         try:
-            self._handle = safe_open(str(self.path), framework="pt", device="cpu")
-        except (SafetensorError, OSError) as exc:
-            raise ModelLoadError(f"{self.path}: not a readable .safetensors file ({exc})") from None
-        self.metadata = dict(self._handle.metadata() or {})
-        self.keys = list(self._handle.keys())
-
-    def _open_ckpt(self) -> None:
-        obj = _torch_load(self.path)
-        while isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):
-            step = obj.get("global_step")
-            self.global_step = step if isinstance(step, int) else self.global_step
-            obj = obj["state_dict"]
-        if not isinstance(obj, dict):
-            raise ModelLoadError(f"{self.path}: the .ckpt holds a {type(obj).__name__}, not a "
-                                 f"state dict of tensors")
-        self._tensors = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
-        self.keys = list(self._tensors)
-
-    def shape(self, key: str) -> tuple[int, ...]:
-        if self._handle is not None:
-            return tuple(self._handle.get_slice(key).get_shape())
-        return tuple(self._tensors[key].shape)
-
-    def dtype(self, key: str) -> str:
-        """``F16``, ``BF16``, ``F32``: safetensors' names, for torch tensors too."""
-        if self._handle is not None:
-            return self._handle.get_slice(key).get_dtype()
-        names = {torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32"}
-        return names.get(self._tensors[key].dtype, str(self._tensors[key].dtype))
-
-    def take(self, prefix: str) -> dict[str, torch.Tensor]:
-        """The tensors under ``prefix`` (EMA copies never), read now and then forgotten here."""
-        wanted = [k for k in self.keys if k.startswith(prefix) and not k.startswith(EMA_PREFIX)]
-        taken = set(wanted)
-        self.keys = [k for k in self.keys if k not in taken]
-        if self._handle is not None:
-            return {k: self._handle.get_tensor(k) for k in wanted}
-        return {k: self._tensors.pop(k) for k in wanted}
-
-    def load_part(self, prefix: str, build: Any, storage: Optional[Storage] = None
-                  ) -> torch.nn.Module:
-        """``build(tensors under prefix)``; from a .safetensors file, tensor by tensor into the
-        meta-built module (trainer/models/streamed_load.py: no second copy of the weights), the
-        weights that ``storage`` selects straight into its dtype."""
-        if self._handle is not None:
-            from trainer.models.streamed_load import SafetensorsReader, load_streamed
-
-            keys = [k for k in self.keys if k.startswith(prefix) and not k.startswith(EMA_PREFIX)]
-            try:
-                module = load_streamed(SafetensorsReader(self.path), keys, build, storage)
-            except NotStreamable:
-                return build(self.take(prefix))
-            taken = set(keys)
-            self.keys = [k for k in self.keys if k not in taken]
-            return module
-        return build(self.take(prefix))
-
-    def close(self) -> None:
-        self._handle = None
-        self._tensors = {}
-
-    def __enter__(self) -> Checkpoint:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-
-def _torch_load(path: Path) -> Any:
-    """``torch.load`` of tensors only; memory-mapped when the file's format allows."""
+            return single_file.load_vae_file(path, config_dir)
+        except ModelLoadError as exc:
+            raise ModelLoadError(f"model.vae = {str(path)!r}: {exc}") from None
     try:
-        try:
-            return torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError as exc:  # the legacy (pre-zip) format cannot be mapped
-            if "mmap" not in str(exc) and "zip" not in str(exc):
-                raise
-            return torch.load(str(path), map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(exc))
-        what = f" ({found.group(1)})" if found else ""
-        raise ModelLoadError(
-            f"{path}: this .ckpt needs more than tensors to unpickle{what}, and unpickling "
-            f"that could run any code, so the studio reads .ckpt files with "
-            f"torch.load(weights_only=True) only. Convert it to .safetensors with a tool you "
-            f"trust it to, or use the .safetensors release of the model") from None
-    except (OSError, RuntimeError, EOFError) as exc:
-        raise ModelLoadError(f"{path}: not a readable .ckpt file ({exc})") from None
-
-
-def inspect(ckpt: Checkpoint) -> Detected:
-    """The family and facts of an open checkpoint, from its header."""
-    return detect(ckpt.keys, ckpt.shape)
-
-
-def unet_dtype(ckpt: Checkpoint) -> Optional[str]:
-    keys = [k for k in ckpt.keys if k.startswith(UNET_PREFIX) and k.endswith(".weight")]
-    return ckpt.dtype(keys[0]) if keys else None
-
-
-def _check_complete(module: torch.nn.Module, component: str) -> torch.nn.Module:
-    """diffusers leaves weights that the file lacks on the meta device; name them."""
-    missing = [n for n, t in [*module.named_parameters(), *module.named_buffers()]
-               if t.device.type == "meta"]
-    if missing:
-        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5
-                                          else "")
-        raise ModelLoadError(f"the file lacks {len(missing)} weights of the {component} "
-                             f"({shown}); it does not match the configs it is loaded with")
-    return module
-
-
-def load_diffusers_part(model_class: Any, tensors: dict[str, torch.Tensor], config_dir: Path,
-                        component: str) -> torch.nn.Module:
-    """A UNet or VAE from its original-layout tensors and the config in ``config_dir``."""
-    try:
-        module = model_class.from_single_file(
-            tensors, config=str(config_dir), subfolder=component, local_files_only=True)
-    except NotStreamable:
-        raise
-    except Exception as exc:  # noqa: BLE001 - shape mismatches, missing configs, ...
-        raise ModelLoadError(f"cannot build the {component} from the file with the configs "
-                             f"in {config_dir} ({exc})") from None
-    return _check_complete(module, component)
-
-
-def load_text_encoder(slot: TextEncoderSlot, tensors: dict[str, torch.Tensor],
-                      config_dir: Path) -> torch.nn.Module:
-    import transformers
-    from diffusers.loaders.single_file_utils import create_diffusers_clip_model_from_ldm
-
-    model_class = getattr(transformers, slot.model_class)
-    try:
-        module = create_diffusers_clip_model_from_ldm(
-            model_class, checkpoint=tensors, subfolder=slot.component, config=str(config_dir),
-            local_files_only=True)
-    except NotStreamable:
-        raise
+        sub = "vae" if (path / "vae").is_dir() else None
+        return AutoencoderKL.from_pretrained(path, subfolder=sub, local_files_only=True)
     except Exception as exc:  # noqa: BLE001
-        raise ModelLoadError(f"cannot build the {slot.component} from the file with the "
-                             f"configs in {config_dir} ({exc})") from None
-    return _check_complete(module, slot.component)
+        raise ModelLoadError(f"model.vae = {str(path)!r}: cannot load the VAE ({exc})") from None
 
 
-def load_unet(ckpt: Checkpoint, config_dir: Path, fp8: Optional[torch.dtype] = None
-              ) -> torch.nn.Module:
-    """The UNet, in fp32; with ``fp8`` (the compute dtype of a run with model.base_precision =
-    "fp8") frozen, and the weights that fp8 storage holds stream from the file into fp8 (an
-    fp8 file's as they are, others by way of ``fp8``), the rest in ``fp8``: the UNet is never
-    held at full width (an SDXL UNet: 2.6 GB in fp8, 10.3 GB in fp32). A ``.ckpt`` is built
-    whole, then stored."""
-    from diffusers import UNet2DConditionModel
+def _configs(family: Family, section: Any, evidence: families.Evidence
+             ) -> tuple[Path, str, str]:
+    """(config folder, prediction type, why that prediction type)."""
+    from diffusers import DDPMScheduler
 
-    from trainer.models.memory import fp8_storage, store_fp8, to_compute_dtype
-
-    unet = ckpt.load_part(UNET_PREFIX, lambda t: load_diffusers_part(
-        UNet2DConditionModel, t, config_dir, "unet"), None if fp8 is None else fp8_storage(fp8))
-    if fp8 is not None:
-        to_compute_dtype(unet, fp8)  # what is not stored: as MemoryPlan.begin casts it
-        store_fp8(unet.requires_grad_(False), fp8)  # the compute copies' hooks
-    return unet
-
-
-def fp8_unet(section: Any, dtype: Optional[torch.dtype]) -> Optional[torch.dtype]:
-    """The dtype that a UNet stored in fp8 at the load computes in (model.base_precision =
-    "fp8" with the run's compute dtype, fp32 without one), or None."""
-    return (dtype or torch.float32) if section.base_precision == "fp8" else None
+    config_default = None
+    if section.config_dir:
+        config_dir = Path(section.config_dir).expanduser()
+        if not (config_dir / "unet" / "config.json").is_file():
+            raise ModelLoadError(f"model.config_dir = {str(config_dir)!r}: no unet/config.json "
+                                 f"there; it must be a folder of diffusers component configs")
+        try:
+            config = DDPMScheduler.load_config(str(config_dir), subfolder="scheduler")
+            config_default = config.get("prediction_type")
+        except OSError:
+            pass
+    prediction, why = families.choose_prediction(family, section.prediction_type, evidence,
+                                                 config_default)
+    if not section.config_dir:
+        config_dir = family.config_dir(prediction)
+    return config_dir, prediction, why
 
 
-def load_modules(ckpt: Checkpoint, found: Detected, config_dir: Path, with_vae: bool = True,
-                 fp8: Optional[torch.dtype] = None) -> dict[str, Any]:
-    """UNet (``fp8``: see :func:`load_unet`), VAE (when the file has one and it is wanted) and
-    text encoder(s), in turn."""
-    from diffusers import AutoencoderKL
-
-    parts: dict[str, Any] = {"unet": load_unet(ckpt, config_dir, fp8)}
-    if found.has_vae and with_vae:
-        parts["vae"] = ckpt.load_part(VAE_PREFIX, lambda t: load_diffusers_part(
-            AutoencoderKL, t, config_dir, "vae"))
-    for slot in found.family.encoders:
-        parts[slot.component] = ckpt.load_part(
-            slot.prefix, lambda t, slot=slot: load_text_encoder(slot, t, config_dir))
-    return parts
+def _tokenizers(family: Family, section: Any, path: Path) -> dict[str, Any]:
+    out = {}
+    for slot in family.encoders:
+        found = tokenizers.locate(family, slot, section.tokenizer, path)
+        out[slot.tokenizer] = tokenizers.load(found, slot.pad_token)
+    return out
 
 
-def load_vae_file(path: Path, config_dir: Path) -> torch.nn.Module:
-    """A VAE file (``model.vae``): original layout with or without ``first_stage_model.``."""
-    from diffusers import AutoencoderKL
+def _scheduler(config_dir: Path, family: Family, prediction: str):
+    """Training's DDPM scheduler with the betas of ``config_dir`` (else the family's)."""
+    from diffusers import DDPMScheduler
 
-    with Checkpoint(path) as ckpt:
-        prefix = VAE_PREFIX if any(k.startswith(VAE_PREFIX) for k in ckpt.keys) else ""
-        return load_diffusers_part(AutoencoderKL, ckpt.take(prefix), config_dir, "vae")
+    try:
+        config = DDPMScheduler.load_config(str(config_dir), subfolder="scheduler")
+    except OSError:  # a model.config_dir without scheduler/: the family's schedule
+        config = DDPMScheduler.load_config(str(family.config_dir(prediction)),
+                                           subfolder="scheduler")
+    return DDPMScheduler.from_config(config, prediction_type=prediction, clip_sample=False)
+
+
+def _notes(ckpt: single_file.Checkpoint, found: families.Detected, why: str,
+           section: Any) -> tuple[str, ...]:
+    notes = [f"prediction type: {why}"]
+    dtype = single_file.unet_dtype(ckpt)
+    if dtype:
+        notes.append(f"{dtype} weights")
+    if found.ema_keys:
+        notes.append(f"{found.ema_keys} {families.EMA_PREFIX}* keys ignored")
+    if section.vae:
+        notes.append("VAE from model.vae")
+    if section.config_dir:
+        notes.append(f"configs from model.config_dir {section.config_dir}")
+    return tuple(notes)
+
+
+def _open(path: Path, section: Any):
+    """Open and check the file before any weight is read: family, shape, VAE, version."""
+    ckpt = single_file.Checkpoint(path)
+    try:
+        found = single_file.inspect(ckpt)
+        families.check_requested(found, section.model_version)
+        if not section.config_dir:
+            families.check_builtin_shape(found)
+        if not found.has_vae and not section.vae:
+            raise ModelLoadError("the file holds no VAE (no first_stage_model.* keys): set "
+                                 "model.vae to a VAE file or a diffusers folder")
+    except BaseException:
+        ckpt.close()
+        raise
+    return ckpt, found
+
+
+def _from_single_file(path: Path, section: Any, fp8: Any = None) -> dict[str, Any]:
+    try:
+        ckpt, found = _open(path, section)
+        with ckpt:
+            family = found.family
+            evidence = families.prediction_evidence(ckpt.metadata, ckpt.keys, ckpt.global_step)
+            config_dir, prediction, why = _configs(family, section, evidence)
+            toks = _tokenizers(family, section, path)
+            notes = _notes(ckpt, found, why, section)
+            parts = single_file.load_modules(ckpt, found, config_dir, not section.vae, fp8)
+    except ModelLoadError as exc:
+        if str(exc).startswith(FIELD):
+            raise
+        raise ModelLoadError(f"{FIELD} = {str(path)!r}: {exc}") from None
+    if section.vae:
+        parts["vae"] = _load_vae(Path(section.vae).expanduser(), config_dir)
+    parts["denoiser"] = parts.pop("unet")
+    resolution = families.native_resolution(parts["denoiser"].config, parts["vae"].config)
+    return dict(**parts, **toks, noise_scheduler=_scheduler(config_dir, family, prediction),
+                     version=family.name, prediction_type=prediction, source=str(path),
+                     name=path.stem,
+                     description=families.describe(family, prediction, resolution, notes))
