@@ -117,7 +117,7 @@ CORE_COMMANDS = ("train", "doctor", "tiny-model", "example-config")
 
 def build_parser(command: Optional[str] = None) -> argparse.ArgumentParser:
     """All the subcommands; for one of ``CORE_COMMANDS`` only those, so that a ``train``
-    imports neither the tools nor the importers nor the advisor (issue 20's start-up)."""
+    imports neither the tools nor the importers nor the advisor."""
     parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="train from a TOML config (full or partial)")

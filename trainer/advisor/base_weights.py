@@ -1,4 +1,4 @@
-"""The frozen UNet's device bytes under the memory options (issue 19) for SD 1.x, 2.x and SDXL,
+"""The frozen UNet's device bytes under the memory options for SD 1.x, 2.x and SDXL,
 as trainer/models/memory.py applies them (FLUX.1 and SD 3.5: trainer/advisor/flow_memory.py):
 
 - ``model.base_precision = "fp8"``: the Linear and Conv weights that

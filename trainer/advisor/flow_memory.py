@@ -1,4 +1,4 @@
-"""FLUX.1 and SD 3.5 memory with the memory options (issue 19), and the cheapest that fits.
+"""FLUX.1 and SD 3.5 memory with the memory options, and the cheapest that fits.
 
 One training step of the transformer is simulated on the meta device (no weight exists) with
 the run's LoRA injected: the tensors a step keeps alive at its peak, gradient checkpointing on

@@ -1,4 +1,4 @@
-"""diffusers' model packages made lazy before a run imports its classes (issue 20's start-up).
+"""diffusers' model packages made lazy before a run imports its classes.
 
 ``diffusers`` itself is a lazy module, but three of its packages are not: the ``__init__`` of
 ``diffusers.models.autoencoders`` imports every autoencoder (the RAE autoencoder pulls in three

@@ -1,4 +1,4 @@
-"""Tensors computed from one file tensor, replayed on the real one (issue 20).
+"""Tensors computed from one file tensor, replayed on the real one.
 
 diffusers' OpenCLIP conversion (SD 2.x's text encoder, SDXL's bigG) makes new tensors: q, k and
 v are ``in_proj_weight[a:b].clone().detach()`` and the projection is ``text_projection.T

@@ -31,7 +31,7 @@ TIMESTEP_SAMPLINGS = ("sigma", "uniform", "sigmoid", "shift", "flux_shift")
 WEIGHTING_SCHEMES = ("none", "uniform", "logit_normal", "mode", "cosmap", "sigma_sqrt")
 PREDICTION_TYPES = ("raw", "additive", "sigma_scaled")
 
-# The defaults that work (issue 18; sd-scripts' docs/flux_train_network.md recommends them) and
+# The defaults that work (sd-scripts' docs/flux_train_network.md recommends them) and
 # sd-scripts' own argparse defaults, for the help text: a setting's schema reads both from here.
 DEFAULTS = {
     "timestep_sampling": "flux_shift", "discrete_flow_shift": 3.0, "sigmoid_scale": 1.0,

@@ -4,7 +4,7 @@ On a GPU every image and caption is encoded before the first step, in batches si
 (trainer/data/cache_batches.py), so that the VAE and the frozen text encoders can leave the
 device for the whole of training (T5-XXL alone is 9.5 GB in bf16). On the CPU nothing leaves:
 the encoders stay in the same RAM either way, so encoding everything first only delays the
-first step (issue 20: 16 images and captions of an SD 1.5-size run cost 2.4 s of a 7.6 s
+first step (16 images and captions of an SD 1.5-size run cost 2.4 s of a 7.6 s
 start). There the caches are lazy: each image and caption is encoded alone the first time a
 batch of the first epoch needs it, and kept (in memory, or written to the disk cache) for every
 later epoch; a run shorter than an epoch encodes only what it trains on. Encoding each one
@@ -40,7 +40,7 @@ def fill_latent_cache(s: Any, out: Any) -> None:
         start = time.time()
         # hashing the VAE's weights is only worth it for a cache that outlives the run
         vae_id = model.vae_id if ds.cache_latents_to_disk else "in-memory"
-        backend = s.device_info.backend  # issue 20: batches sized to memory, bf16 where it is
+        backend = s.device_info.backend  # batches sized to memory, bf16 where it is
         with torch.no_grad():
             encoded = s.data.cache_latents(
                 cache_batches.latent_encoder(lambda px: encode_images(model.vae, px), backend,

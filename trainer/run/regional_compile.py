@@ -1,4 +1,4 @@
-"""Regional compilation (issue 20): ``training.compile_scope = "regional"`` compiles each
+"""Regional compilation: ``training.compile_scope = "regional"`` compiles each
 repeated block of the denoiser (one compiled code object, reused by every copy of the block)
 instead of the whole model, as diffusers' ``ModelMixin.compile_repeated_blocks`` does with the
 class's ``_repeated_blocks``; the rest of the model runs eager. The blocks are compiled in place

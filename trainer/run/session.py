@@ -239,7 +239,7 @@ def _place_and_inject(s: Session, out: Reporter) -> list[dict[str, Any]]:
     from diffusers.training_utils import cast_training_params
 
     model, device, tr = s.model, s.accelerator.device, s.cfg.training
-    memory = _memory_plan(s, out)  # issue 19: fp8 / NF4 base, block swap
+    memory = _memory_plan(s, out)  # fp8 / NF4 base, block swap
     place = fsdp.placement(s.cfg, device)  # FSDP: the CPU, sharding moves them block by block
     whole = s.method.whole_modules(model)  # trained whole: fp32 weights, as loaded
     for module in _networks(model):
@@ -249,7 +249,7 @@ def _place_and_inject(s: Session, out: Reporter) -> list[dict[str, Any]]:
             module.to(place)
         else:
             module.to(place, s.dtype)
-    cpu_bf16_norms(s.device_info.backend, s.dtype, _networks(model))  # issue 20: mixed dtype
+    cpu_bf16_norms(s.device_info.backend, s.dtype, _networks(model))  # mixed dtype
     groups = s.method.prepare(model)
     trained = _trained_modules(model)
     # trained weights in fp32 (or bf16 / fp16 with full_bf16 / full_fp16); the frozen rest at
@@ -289,7 +289,7 @@ def _compile(s: Session, out: Reporter) -> None:
     problem = compile_problem(s.device_info.backend)
     if problem:
         raise CompileUnavailable(f"training.compile is on, but {problem}")
-    if s.cfg.training.compile_scope == "regional":  # issue 20: one block of each kind
+    if s.cfg.training.compile_scope == "regional":  # one block of each kind
         from trainer.run.regional_compile import compile_regional
 
         count = compile_regional(s.model.denoiser, compile_options())

@@ -1,6 +1,6 @@
 """Text first: a LoRA run on a FLUX.1 / SD 3.x single file whose text-encoder outputs are all
 cached encodes every caption, lets the frozen text encoders go, and only then builds the
-transformer, so the two largest parts are never in memory together (issue 29: FLUX.1-dev's
+transformer, so the two largest parts are never in memory together (FLUX.1-dev's
 fp8 transformer is 11.9 GB, T5-XXL 4.9 GB in fp8, 9.5 GB in bf16; sd-scripts likewise caches
 the outputs before it loads the denoiser).
 

@@ -3,7 +3,7 @@
 Many CPUs (Intel Sapphire Rapids and later with AMX, AMD Zen 4 and later with AVX512-BF16, Arm
 cores with the BF16 extension) multiply bf16 matrices several times faster than fp32. Whether a
 training step gains from it depends on the model and the resolution: at 64 px an SD 1.5 UNet is
-slower with bf16 weights, at 256 px twice as fast (issue 20). So ``mixed_precision = "auto"``
+slower with bf16 weights, at 256 px twice as fast. So ``mixed_precision = "auto"``
 on the CPU measures it once per CPU, torch, model and resolution (trainer/run/cpu_precision.py)
 and keeps the result here, in a small JSON file that the doctor reports and later runs reuse.
 

@@ -332,7 +332,7 @@ def main(
         from trainer.tools.model_report import model_lines
 
         report = dataclasses.replace(report, model=tuple(model_lines(args.model)))
-    if torch_module is None:  # the real CPU (issue 20): its bf16 units and measured ratios
+    if torch_module is None:  # the real CPU: its bf16 units and measured ratios
         from trainer.tools.cpu_bf16_report import cpu_bf16_report
 
         report = dataclasses.replace(report, cpu_bf16=cpu_bf16_report())
