@@ -1,5 +1,5 @@
-"""How the caches encode: batches sized to memory, in bf16 where the run's base weights are
-(for the start-up).
+"""How the caches encode: batches sized to memory, in bf16 where the run's base weights are,
+so that the first step comes sooner.
 
 The latent cache encodes one bucket at a time in batches bounded by an estimate of the VAE
 encoder's activations: about 5.3 x ``block_out_channels[0]`` values per pixel measured on SD's
