@@ -151,7 +151,7 @@ def test_refused_combinations_name_the_settings():
     with pytest.raises(ValueError, match="no_token_padding cannot go with dataset.max_token"):
         TrainConfig.model_validate({"dataset": {"no_token_padding": True,
                                                 "max_token_length": 150}})
-    with pytest.raises(ValueError, match="weighted_captions is for SD"):
+    with pytest.raises(ValueError, match="weighted_captions is set but FLUX.1 does not read it"):
         TrainConfig.model_validate({"model": {"pretrained_model_name_or_path":
                                               "embedded:tiny-flux"},
                                     "dataset": {"weighted_captions": True}})
