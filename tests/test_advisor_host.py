@@ -203,7 +203,8 @@ def test_the_step_counts_the_configured_t5_length():
     config = _config("flux1", (3, 4))
 
     def cfg(**model):
-        return from_dict({"model": model, "network": {"network_dim": 4, "network_alpha": 4.0},
+        return from_dict({"model": {"model_version": "flux1", **model},
+                          "network": {"network_dim": 4, "network_alpha": 4.0},
                           "training": {"gradient_checkpointing": True}})
     short = cfg(t5xxl_max_token_length=128)
     at_512 = step_bytes(config, cfg(), (128, 128), 1, True)
