@@ -69,7 +69,7 @@ class Sharded:
     """What a run sharded: the model's attribute names and a parameterless copy of each."""
 
     mesh: Any
-    names: list[str]  # "unet", "text_encoder", ... (attributes of the BaseModel)
+    names: list[str]  # "denoiser", "text_encoder", ... (attributes of the BaseModel)
     shells: dict[str, torch.nn.Module]  # the same networks with meta-device parameters
 
 
@@ -151,7 +151,7 @@ def shard(s: Any, trained: list[torch.nn.Module], networks: list[torch.nn.Module
     for module in networks:
         if module not in trained:
             module.to(device)
-    names = {id(m): n for n in ("unet", "text_encoder", "text_encoder_2", "text_encoder_3")
+    names = {id(m): n for n in ("denoiser", "text_encoder", "text_encoder_2", "text_encoder_3")
              if (m := getattr(s.model, n, None)) is not None}
     before = {id(p): f"{names[id(m)]}.{n}" for m in trained for n, p in m.named_parameters()}
     mesh = init_device_mesh(device.type, (s.accelerator.num_processes,))
