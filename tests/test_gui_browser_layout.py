@@ -30,10 +30,15 @@ SCREENSHOT = ARTIFACTS / "gui_layout_running.png"
 # the rows of the "snr" matches: v_pred_like_loss; zero_terminal_snr + min_snr_gamma;
 # debiased_estimation_loss + ...: each starts less than 40 px under the one above
 ROWS_CLOSE = """() => {
-  const box = n => document.querySelector('#lora-training-' + n).getBoundingClientRect();
-  const rows = [box('v_pred_like_loss'), box('zero_terminal_snr'),
-                box('debiased_estimation_loss')];
-  return rows.every((r, i) => r.height > 0 && (i === 0 || r.top - rows[i - 1].bottom < 40)); }"""
+  const names = ['zero_terminal_snr', 'min_snr_gamma', 'debiased_estimation_loss',
+                 'scale_v_pred_loss_like_noise_pred', 'v_pred_like_loss'];
+  const boxes = names.map(n => document.querySelector('#lora-training-' + n)
+                                       .getBoundingClientRect());
+  if (boxes.some(r => r.height <= 0)) return false;
+  const rows = [...new Set(boxes.map(r => Math.round(r.top)))].sort((a, b) => a - b)
+    .map(top => boxes.filter(r => Math.round(r.top) === top));
+  const bottom = row => Math.max(...row.map(r => r.bottom));
+  return rows.every((row, i) => i === 0 || row[0].top - bottom(rows[i - 1]) < 40); }"""
 
 
 def open_page(browser, url: str, viewport: dict) -> tuple[object, Page]:  # noqa: F811
@@ -91,10 +96,11 @@ def test_train_labels_search_and_advice_without_scrolling(laptop):
     # (waited for: the page lays the rows out again after the search's update)
     page.wait_for_function(ROWS_CLOSE)
     # the matches come first in view: "snr" finds five settings now (v_pred_like_loss's help
-    # names the SNR too), and the first of them sits right under the search box (waited for
-    # too: on a loaded machine the layout settled after the check once)
-    page.wait_for_function(IN_VIEW, arg="#lora-training-v_pred_like_loss")
-    assert in_view(page, "#lora-training-v_pred_like_loss")
+    # names the SNR too), and the first of them in the section's order (zero_terminal_snr,
+    # with the noise options) sits right under the search box (waited for too: on a loaded
+    # machine the layout settled after the check once)
+    page.wait_for_function(IN_VIEW, arg="#lora-training-zero_terminal_snr")
+    assert in_view(page, "#lora-training-zero_terminal_snr")
     search.fill("")
     page.wait_for_selector("#lora-network-network_dim", state="visible")
 
