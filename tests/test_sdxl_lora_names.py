@@ -70,9 +70,9 @@ def test_either_or_both_sdxl_text_encoders_train_at_their_own_rates():
                             tokenizer=None, tokenizer_2=None)
 
     def plan(**network):
-        cfg = from_dict({"network": network, "optimizer": {"learning_rate": 1e-4,
-                                                           "text_encoder_lr": 5e-5,
-                                                           "text_encoder_2_lr": 2e-5}})
+        cfg = from_dict({"model": {"model_version": "sdxl"}, "network": network,
+                         "optimizer": {"learning_rate": 1e-4, "text_encoder_lr": 5e-5,
+                                       "text_encoder_2_lr": 2e-5}})
         return [(name, lr) for name, _, lr in LoraMethod(cfg).trained_text_encoders(model)]
 
     assert plan(train_text_encoder=True) == [("text_encoder", 5e-5), ("text_encoder_2", 2e-5)]
