@@ -252,3 +252,40 @@ def test_latent_cache_with_a_real_autoencoder(root):
         width, height = batch.bucket
         assert batch.latents.shape[1:] == (4, height // 8, width // 8)
         assert torch.isfinite(batch.latents).all()
+
+
+def _masked_encoder(calls: list[list[str]]):
+    """An encoder whose captions have lengths of their own (the Qwen-encoded families):
+    padded to 8 tokens, row i's real tokens = the caption's word count, each = its length."""
+    from trainer.models.text_conditioning import TextConditioning
+
+    def encode(captions: list[str]) -> TextConditioning:
+        calls.append(list(captions))
+        hidden = torch.zeros(len(captions), 8, 3)
+        mask = torch.zeros(len(captions), 8, dtype=torch.int64)
+        for i, c in enumerate(captions):
+            n = len(c.split())
+            hidden[i, :n] = float(len(c))
+            hidden[i, n:] = 99.0  # what the encoder puts after: never read back
+            mask[i, :n] = 1
+        return TextConditioning(hidden, None, mask)
+
+    return encode
+
+
+def test_text_cache_keeps_a_masked_captions_real_tokens_and_pads_each_batch(tmp_path):
+    from trainer.data.text_cache import TextCache
+
+    captions = ["a b", "a b c d", "a"]
+    for folder in (None, tmp_path / "te"):
+        for build in range(2):  # with a folder, the second build reads the files back
+            calls: list[list[str]] = []
+            cache = TextCache.build(captions, _masked_encoder(calls), folder=folder)
+            assert calls == ([] if folder is not None and build else [sorted(captions)])
+            text = cache.get(["a b", "a"])
+            assert text.hidden.shape == (2, 2, 3)  # the batch's longest, not the encoder's 8
+            assert text.mask.tolist() == [[1, 1], [1, 0]]
+            assert text.lengths() == [2, 1]
+            assert torch.equal(text.hidden[0], torch.full((2, 3), 3.0))
+            assert torch.equal(text.hidden[1], torch.tensor([[1.0] * 3, [0.0] * 3]))
+            assert [r.shape[0] for r in cache.get(["a b c d"]).rows()] == [4]

@@ -83,7 +83,7 @@ class TextCache:
         """Encode each distinct caption once; with ``folder``, reuse and keep each caption's
         outputs there (trainer/data/text_store.py; ``identity``: the encoders' id). ``lazy``:
         encode none now (``encoded`` is then how many will be)."""
-        rows: dict[str, tuple[torch.Tensor, Optional[torch.Tensor]]] = {}
+        rows: dict[str, tuple[torch.Tensor, Optional[torch.Tensor], bool]] = {}
         unique = sorted(set(captions))
         if folder is not None:
             for caption in unique:
@@ -102,9 +102,13 @@ class TextCache:
                 )
             hidden = out.hidden.detach().cpu()
             pooled = None if out.pooled is None else out.pooled.detach().cpu()
+            lengths = out.lengths()
             for i, caption in enumerate(chunk):
-                rows[caption] = (hidden[i].clone(),
-                                 None if pooled is None else pooled[i].clone())
+                # a masked caption keeps its real tokens only (TextConditioning.padded
+                # restores the batch's padding)
+                row = hidden[i, : lengths[i]] if out.mask is not None else hidden[i]
+                rows[caption] = (row.clone(), None if pooled is None else pooled[i].clone(),
+                                 out.mask is not None)
                 if folder is not None:
                     save_row(caption_file(folder, identity, caption), *rows[caption])
 
@@ -124,9 +128,11 @@ class TextCache:
         missing = [c for c in captions if c not in self._rows]
         if missing:
             raise KeyError(f"captions not in the text cache: {missing}")
-        hidden = torch.stack([self._rows[c][0] for c in captions])
         pooled = [self._rows[c][1] for c in captions]
-        return TextConditioning(hidden, None if pooled[0] is None else torch.stack(pooled))
+        pooled = None if pooled[0] is None else torch.stack(pooled)
+        if self._rows[captions[0]][2]:
+            return TextConditioning.padded([self._rows[c][0] for c in captions], pooled)
+        return TextConditioning(torch.stack([self._rows[c][0] for c in captions]), pooled)
 
 
 def _as_conditioning(out: Any) -> TextConditioning:

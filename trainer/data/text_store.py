@@ -39,9 +39,10 @@ def caption_file(folder: Path, identity: str, caption: str) -> Path:
     return folder / f"te-{key}.safetensors"
 
 
-def load_row(path: Path) -> Optional[tuple[torch.Tensor, Optional[torch.Tensor]]]:
-    """(hidden, pooled) from a file written by :func:`save_row`; None if absent or unreadable
-    (it is then encoded again and rewritten)."""
+def load_row(path: Path) -> Optional[tuple[torch.Tensor, Optional[torch.Tensor], bool]]:
+    """(hidden, pooled, masked) from a file written by :func:`save_row`; None if absent or
+    unreadable (it is then encoded again and rewritten). ``masked``: the row holds a masked
+    caption's real tokens only."""
     from safetensors.torch import load_file
 
     if not path.is_file():
@@ -52,12 +53,15 @@ def load_row(path: Path) -> Optional[tuple[torch.Tensor, Optional[torch.Tensor]]
         return None
     if "hidden" not in tensors:
         return None
-    return tensors["hidden"], tensors.get("pooled")
+    return tensors["hidden"], tensors.get("pooled"), "masked" in tensors
 
 
-def save_row(path: Path, hidden: torch.Tensor, pooled: Optional[torch.Tensor]) -> None:
+def save_row(path: Path, hidden: torch.Tensor, pooled: Optional[torch.Tensor],
+             masked: bool = False) -> None:
     tensors = {"hidden": hidden.contiguous()}
     if pooled is not None:
         tensors["pooled"] = pooled.contiguous()
+    if masked:
+        tensors["masked"] = torch.ones(1, dtype=torch.int8)
     path.parent.mkdir(parents=True, exist_ok=True)
     save_safetensors_atomic(path, tensors, {"format": "pt"})
