@@ -1,0 +1,129 @@
+"""FLUX.2 klein's conditioning (Black Forest Labs 2025; diffusers' ``Flux2KleinPipeline``).
+
+The prompt goes through Qwen3's chat template (one user turn, the generation prompt,
+``enable_thinking=False``: the empty think block), padded / cut to ``max_sequence_length`` (512)
+tokens and run with its attention mask; the hidden states of layers 9, 18 and 27 are stacked
+side by side per token (3 x 2560 = 7680 wide in klein 4B). Every position, padding included,
+goes to the transformer (no mask), as the pipeline hands it ``prompt_embeds``; the text's
+position ids are (0, 0, 0, l).
+
+The latents are the VAE's 32 channels patchified 2x2 into 128 and normalized with the VAE's
+BatchNorm running statistics (``encode_latents``, the pipeline's ``_encode_vae_image``); the
+noise is drawn in that space, as the pipeline draws it. The transformer reads them packed one
+token per patch with position ids (0, h, w, 0), the sigma itself as its timestep (the pipeline
+passes ``t / 1000``), no guidance (klein has no guidance embedder; dev's is given
+``flow.guidance_scale``), and returns the velocity ``noise - latents``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from trainer.families.flux2.detect import MAX_SEQUENCE_LENGTH
+from trainer.models.text_conditioning import TextConditioning
+
+OUT_LAYERS = (9, 18, 27)  # Flux2KleinPipeline.encode_prompt's text_encoder_out_layers
+
+
+def qwen3_features(encoder: Any, tokenizer: Any, captions: list[str],
+                   max_length: int = MAX_SEQUENCE_LENGTH) -> torch.Tensor:
+    """[B, L, 3 x width]: the pipeline's own prompt encoding (its static
+    ``_get_qwen3_prompt_embeds``), in the encoder's dtype on its device."""
+    from diffusers import Flux2KleinPipeline
+
+    return Flux2KleinPipeline._get_qwen3_prompt_embeds(
+        encoder, tokenizer, captions, max_sequence_length=max_length,
+        hidden_states_layers=OUT_LAYERS)
+
+
+def normalize_latents(vae: Any, latents: torch.Tensor) -> torch.Tensor:
+    """The VAE's [B, C, H, W] latents patchified to [B, 4C, H/2, W/2] and normalized with its
+    BatchNorm statistics, as the pipeline's ``_encode_vae_image``."""
+    from diffusers import Flux2KleinPipeline
+
+    latents = Flux2KleinPipeline._patchify_latents(latents)
+    mean = vae.bn.running_mean.view(1, -1, 1, 1).to(latents.device, latents.dtype)
+    std = torch.sqrt(vae.bn.running_var.view(1, -1, 1, 1) + vae.config.batch_norm_eps)
+    return (latents - mean) / std.to(latents.device, latents.dtype)
+
+
+def transformer_call(transformer: Any, latents: torch.Tensor, sigma: torch.Tensor,
+                     hidden: torch.Tensor, guidance: Optional[float] = None) -> torch.Tensor:
+    """The transformer's output for patchified latents [B, C, H, W] at ``sigma`` [B] (the
+    pipeline's ``timestep / 1000``), as the pipeline calls it; [B, C, H, W]."""
+    from diffusers import Flux2KleinPipeline as Pipe
+
+    b, c, h, w = latents.shape
+    img_ids = Pipe._prepare_latent_ids(latents).to(latents.device)
+    txt_ids = Pipe._prepare_text_ids(hidden).to(latents.device)
+    value = None
+    if transformer.config.guidance_embeds:
+        value = torch.full((b,), float(4.0 if guidance is None else guidance),
+                           device=latents.device, dtype=latents.dtype)
+    out = transformer(hidden_states=Pipe._pack_latents(latents), timestep=sigma,
+                      guidance=value, encoder_hidden_states=hidden, txt_ids=txt_ids,
+                      img_ids=img_ids, return_dict=False)[0]
+    return out.permute(0, 2, 1).reshape(b, c, h, w)
+
+
+class Flux2Family:
+    """FLUX.2 klein (4B, 9B, base): stacked Qwen3 features, patchified normalized latents."""
+
+    name = "flux2"
+    objective = "flow"
+    takes_guidance = False  # klein has no guidance embedder
+    # a whole checkpoint's parts (trainer/families/flux2/checkpoint.py), and those of the file
+    # as BFL ships it (flux-2-klein-4b.safetensors: the transformer alone)
+    checkpoint_parts = ("transformer", "vae", "qwen3")
+    shipped_parts = ("transformer",)
+
+    def __init__(self, guidance: Optional[float] = None) -> None:
+        self.guidance = guidance  # dev's distilled guidance (flow.guidance_scale)
+
+    def checkpoint_name(self, variant: str) -> str:
+        return f"flux2-{variant or 'klein-4b'}"
+
+    def text_encoders(self, model: Any) -> list[tuple[str, Any, Any]]:
+        return [("text_encoder", model.text_encoder, model.tokenizer)]
+
+    def t5_slot(self) -> None:
+        return None
+
+    def encode(self, model: Any, captions: list[str], clip_skip: int) -> TextConditioning:
+        length = getattr(model, "t5_max_length", 0) or MAX_SEQUENCE_LENGTH
+        return TextConditioning(qwen3_features(model.text_encoder, model.tokenizer, captions,
+                                               length))
+
+    def encode_latents(self, vae: Any, pixels: torch.Tensor) -> torch.Tensor:
+        """Pixels in [-1, 1] -> the normalized 128-channel latents (the mode, as the
+        pipeline's ``argmax``, so caching is exact)."""
+        latents = vae.encode(pixels.to(vae.device, vae.dtype)).latent_dist.mode()
+        return normalize_latents(vae, latents)
+
+    def predict(self, model: Any, noisy: torch.Tensor, t: torch.Tensor,
+                text: TextConditioning, size_ids: Optional[torch.Tensor], cfg: Any = None,
+                denoiser: Any = None) -> torch.Tensor:
+        """``noise - latents`` predicted for ``noisy`` [B, 4C, h, w] at sigmas ``t`` [B]."""
+        transformer = denoiser if denoiser is not None else model.denoiser
+        guidance = self.guidance
+        if guidance is None and cfg is not None:
+            guidance = cfg.flow.guidance_scale
+        return transformer_call(transformer, noisy, t.to(noisy.dtype),
+                                text.hidden.to(noisy.dtype), guidance)
+
+    def pipeline(self, model: Any, denoiser: Any, scheduler: Any) -> Any:
+        from diffusers import Flux2KleinPipeline
+
+        return Flux2KleinPipeline(scheduler=scheduler, vae=model.vae,
+                                  text_encoder=model.text_encoder, tokenizer=model.tokenizer,
+                                  transformer=denoiser,
+                                  is_distilled="base" not in (model.variant or ""))
+
+    def added_conditioning(self, text: TextConditioning, size_ids: Optional[torch.Tensor]):
+        return None
+
+
+def family(name: str = "flux2", guidance: Optional[float] = None) -> Flux2Family:
+    return Flux2Family(guidance)

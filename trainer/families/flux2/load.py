@@ -1,0 +1,72 @@
+"""FLUX.2 as the loader reads it: a diffusers folder (``Flux2KleinPipeline``), or a single file
+of the transformer (BFL or diffusers layout, bf16 or fp8) with the Qwen3 text-encoder file that
+``model.text_encoder`` names and the VAE file of ``model.ae`` (:mod:`.single_file`). FLUX.2
+[dev] (``Flux2Pipeline``, Mistral-Small-3's text encoder) is detected and refused with the
+reason: its text encoder is not built here yet. Each function returns the fields of
+:class:`trainer.models.loader.BaseModel`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from trainer.families.flux2.detect import (LABELS, MAX_SEQUENCE_LENGTH, base_from_name,
+                                           variant_of, with_base)
+from trainer.families.spec import ModelLoadError
+
+FIELD = "model.pretrained_model_name_or_path"
+DEV_REFUSED = ("FLUX.2 [dev] (Mistral-Small-3 text encoder) is not trained here yet; use "
+               "FLUX.2 [klein] 4B or 9B (black-forest-labs/FLUX.2-klein-base-4B)")
+
+
+def check_version(path: Path, section: Any, what: str) -> None:
+    if section.model_version not in ("auto", "flux2"):
+        raise ModelLoadError(f"{FIELD} = {str(path)!r}: model.model_version = "
+                             f"{section.model_version!r}, but it is {what}; set it to 'auto' "
+                             f"or 'flux2'")
+
+
+def folder_variant(path: Path, index: dict[str, Any], transformer_config: Any) -> str:
+    """The folder's variant: the transformer's width, klein-base where the pipeline config says
+    ``is_distilled: false`` or the folder's name says base."""
+    variant = variant_of(dict(transformer_config))
+    base = index.get("is_distilled") is False or base_from_name(path)
+    return with_base(variant, base)
+
+
+def load_folder(path: Path, section: Any, name: str = "flux2") -> dict[str, Any]:
+    """A ``Flux2KleinPipeline`` folder, every component by diffusers' ``from_pretrained``."""
+    import json
+
+    import diffusers
+
+    check_version(path, section, "a FLUX.2 pipeline folder")
+    index = json.loads((Path(path) / "model_index.json").read_text(encoding="utf-8"))
+    if index.get("_class_name") != "Flux2KleinPipeline":
+        raise ModelLoadError(f"{FIELD} = {str(path)!r}: {DEV_REFUSED}")
+    if section.vae:
+        raise ModelLoadError(f"model.vae is set, but {FIELD} is a FLUX.2 folder, whose VAE is "
+                             f"its own; unset model.vae")
+    try:
+        pipe = diffusers.Flux2KleinPipeline.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(f"{FIELD} = {str(path)!r}: cannot load the FLUX.2 folder "
+                             f"({exc})") from None
+    parts = pipe.components
+    variant = folder_variant(path, index, parts["transformer"].config)
+    return dict(denoiser=parts["transformer"], noise_scheduler=parts["scheduler"],
+                vae=parts["vae"], text_encoder=parts["text_encoder"],
+                tokenizer=parts["tokenizer"], version="flux2", variant=variant,
+                prediction_type="flow", source=str(path), name=Path(path).name,
+                description=f"{LABELS[variant]} (diffusers folder)",
+                t5_max_length=MAX_SEQUENCE_LENGTH)
+
+
+def load_file(path: Path, section: Any, *, dtype: Any = None, t5_frozen: bool = False,
+              defer_denoiser: bool = False, fresh: bool = True) -> dict[str, Any]:
+    """A FLUX.2 single file and its part files (see :mod:`.single_file`)."""
+    from trainer.families.flux2.single_file import load_single_file
+
+    check_version(path, section, "a FLUX.2 file")
+    return load_single_file(path, section, dtype=dtype, text_frozen=t5_frozen,
+                            defer_denoiser=defer_denoiser, fresh=fresh)
