@@ -53,12 +53,14 @@ def test_latents_equal_the_pipelines_own_encoding(model):
         ours = family("flux2").encode_latents(model.vae, pixels)
         theirs = pipeline(model)._encode_vae_image(pixels, generator=None)
         raw = model.vae.encode(pixels).latent_dist.mode()
-    assert ours.shape == (1, 4 * model.vae.config.latent_channels, 4, 4)
-    torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
-    # the BatchNorm statistics are used (the twin's are drawn away from 0 / 1)
     from diffusers import Flux2KleinPipeline
 
-    assert not torch.allclose(ours, Flux2KleinPipeline._patchify_latents(raw))
+    # kept at [B, C, H/8, W/8] as every family's latents; patchified, the pipeline's
+    assert ours.shape == (1, model.vae.config.latent_channels, 8, 8)
+    torch.testing.assert_close(Flux2KleinPipeline._patchify_latents(ours), theirs, rtol=0,
+                               atol=0)
+    # the BatchNorm statistics are used (the twin's are drawn away from 0 / 1)
+    assert not torch.allclose(ours, raw)
 
 
 def test_predict_equals_the_pipelines_transformer_call(model):
@@ -76,12 +78,16 @@ def test_predict_equals_the_pipelines_transformer_call(model):
                             output_type="latent", generator=torch.Generator().manual_seed(0))
     finally:
         handle.remove()
+    from diffusers import Flux2KleinPipeline as Pipe
+
     kwargs, out = calls[1]  # the second step: a sigma below 1
     b, n, c = kwargs["hidden_states"].shape
     unpack = lambda x: x.permute(0, 2, 1).reshape(b, c, 4, 4)  # noqa: E731
     text = family("flux2").encode(model, list(CAPTIONS), clip_skip=1)
     sigma = kwargs["timestep"]
     assert 0 < float(sigma[0]) < 1  # the pipeline passes t / 1000, a sigma
+    noisy = Pipe._unpatchify_latents(unpack(kwargs["hidden_states"]))  # our latents' shape
     with torch.no_grad():
-        ours = family("flux2").predict(model, unpack(kwargs["hidden_states"]), sigma, text, None)
-    torch.testing.assert_close(ours, unpack(out), rtol=1e-5, atol=1e-6)
+        ours = family("flux2").predict(model, noisy, sigma, text, None)
+    assert ours.shape == noisy.shape
+    torch.testing.assert_close(Pipe._patchify_latents(ours), unpack(out), rtol=1e-5, atol=1e-6)

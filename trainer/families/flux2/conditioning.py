@@ -8,11 +8,14 @@ goes to the transformer (no mask), as the pipeline hands it ``prompt_embeds``; t
 position ids are (0, 0, 0, l).
 
 The latents are the VAE's 32 channels patchified 2x2 into 128 and normalized with the VAE's
-BatchNorm running statistics (``encode_latents``, the pipeline's ``_encode_vae_image``); the
-noise is drawn in that space, as the pipeline draws it. The transformer reads them packed one
-token per patch with position ids (0, h, w, 0), the sigma itself as its timestep (the pipeline
-passes ``t / 1000``), no guidance (klein has no guidance embedder; dev's is given
-``flow.guidance_scale``), and returns the velocity ``noise - latents``.
+BatchNorm running statistics (the pipeline's ``_encode_vae_image``); ``encode_latents`` returns
+them unpatchified again, [B, 32, H/8, W/8], the shape the latent cache, the buckets and the
+loss masks of every family keep (the 2x2 patchify is a fixed permutation of the elements, so
+noise drawn there is the pipeline's noise in its own order, and the loss is the same). The
+transformer reads them patchified and packed one token per patch with position ids
+(0, h, w, 0), the sigma itself as its timestep (the pipeline passes ``t / 1000``), no guidance
+(klein has no guidance embedder; dev's is given ``flow.guidance_scale``), and returns the
+velocity ``noise - latents``, unpatchified back.
 """
 
 from __future__ import annotations
@@ -97,21 +100,26 @@ class Flux2Family:
                                                length))
 
     def encode_latents(self, vae: Any, pixels: torch.Tensor) -> torch.Tensor:
-        """Pixels in [-1, 1] -> the normalized 128-channel latents (the mode, as the
+        """Pixels in [-1, 1] -> the normalized latents, [B, C, H/8, W/8] (the mode, as the
         pipeline's ``argmax``, so caching is exact)."""
+        from diffusers import Flux2KleinPipeline
+
         latents = vae.encode(pixels.to(vae.device, vae.dtype)).latent_dist.mode()
-        return normalize_latents(vae, latents)
+        return Flux2KleinPipeline._unpatchify_latents(normalize_latents(vae, latents))
 
     def predict(self, model: Any, noisy: torch.Tensor, t: torch.Tensor,
                 text: TextConditioning, size_ids: Optional[torch.Tensor], cfg: Any = None,
                 denoiser: Any = None) -> torch.Tensor:
-        """``noise - latents`` predicted for ``noisy`` [B, 4C, h, w] at sigmas ``t`` [B]."""
+        """``noise - latents`` predicted for ``noisy`` [B, C, H/8, W/8] at sigmas ``t`` [B]."""
+        from diffusers import Flux2KleinPipeline as Pipe
+
         transformer = denoiser if denoiser is not None else model.denoiser
         guidance = self.guidance
         if guidance is None and cfg is not None:
             guidance = cfg.flow.guidance_scale
-        return transformer_call(transformer, noisy, t.to(noisy.dtype),
-                                text.hidden.to(noisy.dtype), guidance)
+        out = transformer_call(transformer, Pipe._patchify_latents(noisy), t.to(noisy.dtype),
+                               text.hidden.to(noisy.dtype), guidance)
+        return Pipe._unpatchify_latents(out)
 
     def pipeline(self, model: Any, denoiser: Any, scheduler: Any) -> Any:
         from diffusers import Flux2KleinPipeline

@@ -39,11 +39,14 @@ LABELS = {"klein-4b": "FLUX.2 [klein] 4B", "klein-9b": "FLUX.2 [klein] 9B", "dev
           "klein-base-4b": "FLUX.2 [klein] base 4B", "klein-base-9b": "FLUX.2 [klein] base 9B"}
 PIPELINES = ("Flux2KleinPipeline", "Flux2Pipeline")
 MAX_SEQUENCE_LENGTH = 512  # the pipelines' max_sequence_length
+DEV_REFUSED = ("FLUX.2 [dev] (Mistral-Small-3 text encoder) is not trained here yet; use "
+               "FLUX.2 [klein] 4B or 9B (black-forest-labs/FLUX.2-klein-base-4B)")
 # (BFL name, diffusers name) of what the config is read from
 NAMES = {"bfl": {"img_in": "img_in.weight", "txt_in": "txt_in.weight",
                  "double": "double_blocks.", "single": "single_blocks.",
                  "norm": "double_blocks.0.img_attn.norm.query_norm.scale",
-                 "mlp": "double_blocks.0.img_mlp.0.weight", "guidance": "guidance_in.in_layer.weight"},
+                 "mlp": "double_blocks.0.img_mlp.0.weight",
+                 "guidance": "guidance_in.in_layer.weight"},
          "diffusers": {"img_in": "x_embedder.weight", "txt_in": "context_embedder.weight",
                        "double": "transformer_blocks.", "single": "single_transformer_blocks.",
                        "norm": "transformer_blocks.0.attn.norm_q.weight",

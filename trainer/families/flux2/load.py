@@ -10,13 +10,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trainer.families.flux2.detect import (LABELS, MAX_SEQUENCE_LENGTH, base_from_name,
-                                           variant_of, with_base)
+from trainer.families.flux2.detect import (
+    DEV_REFUSED,
+    LABELS,
+    MAX_SEQUENCE_LENGTH,
+    base_from_name,
+    variant_of,
+    with_base,
+)
 from trainer.families.spec import ModelLoadError
 
 FIELD = "model.pretrained_model_name_or_path"
-DEV_REFUSED = ("FLUX.2 [dev] (Mistral-Small-3 text encoder) is not trained here yet; use "
-               "FLUX.2 [klein] 4B or 9B (black-forest-labs/FLUX.2-klein-base-4B)")
 
 
 def check_version(path: Path, section: Any, what: str) -> None:

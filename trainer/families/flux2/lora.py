@@ -1,0 +1,179 @@
+"""FLUX.2 LoRA: which diffusers modules train, and the file in the form ComfyUI and diffusers
+both load.
+
+**What trains** (musubi-tuner's ``networks/lora_flux_2.py``: every Linear of the double and
+single stream blocks but the norms): in a double block the image and text attention's q/k/v
+and output and their gated MLPs, in a single block ``linear1`` (q, k, v and the MLP's input,
+one Linear in diffusers too: ``attn.to_qkv_mlp_proj``) and ``linear2`` (``attn.to_out``). The
+shared modulations and the embedders sit outside the blocks and do not train.
+``network.train_blocks`` picks ``single`` or ``double`` blocks only (sd-scripts' FLUX.1 option).
+
+**The file** names the modules by Black Forest Labs' layout in kohya form, as musubi-tuner
+writes them::
+
+    lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight   [3R, hidden]
+    lora_unet_double_blocks_0_img_attn_qkv.lora_up.weight     [3 hidden, 3R]  block-diagonal
+    lora_unet_double_blocks_0_img_attn_qkv.alpha              update = up @ down * alpha / 3R
+    lora_unet_double_blocks_0_img_mlp_0.*                     (diffusers' ff.linear_in)
+    lora_unet_single_blocks_0_linear1.*                       (attn.to_qkv_mlp_proj)
+
+Why this form: ComfyUI maps ``lora_unet_`` + every BFL weight's path with dots as underscores
+(``comfy/lora.py`` ``model_lora_keys_unet``; FLUX.2's model is BFL's, ``double_blocks.0.img_attn
+.qkv`` fused), and diffusers' ``Flux2KleinPipeline.load_lora_weights``
+(``_convert_kohya_flux2_lora_to_diffusers``) reads the same names, splitting a block-diagonal
+``qkv`` back into exact per-part LoRAs and baking ``alpha / rank`` in.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Optional
+
+import torch
+
+from trainer.export.lora import _check_exportable, iter_lora_layers
+from trainer.export.names import kohya_module_name, unwrap
+
+UNET_PREFIX = "lora_unet"
+# BFL part (kohya name after the block) -> the diffusers modules it covers, in row order
+# (diffusers' convert_flux2_transformer_checkpoint_to_diffusers)
+DOUBLE_PARTS: dict[str, tuple[str, ...]] = {
+    "img_attn_qkv": ("attn.to_q", "attn.to_k", "attn.to_v"),
+    "img_attn_proj": ("attn.to_out.0",),
+    "img_mlp_0": ("ff.linear_in",),
+    "img_mlp_2": ("ff.linear_out",),
+    "txt_attn_qkv": ("attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"),
+    "txt_attn_proj": ("attn.to_add_out",),
+    "txt_mlp_0": ("ff_context.linear_in",),
+    "txt_mlp_2": ("ff_context.linear_out",),
+}
+SINGLE_PARTS: dict[str, tuple[str, ...]] = {
+    "linear1": ("attn.to_qkv_mlp_proj",),
+    "linear2": ("attn.to_out",),
+}
+BLOCKS = (("double", "transformer_blocks", DOUBLE_PARTS),
+          ("single", "single_transformer_blocks", SINGLE_PARTS))
+BASE_MODEL_VERSION = "flux2"  # ss_base_model_version (the spec's kohya_version)
+
+
+def block_count(transformer: torch.nn.Module, block: str) -> int:
+    pattern = re.compile(rf"^{block}\.(\d+)$")
+    found = [int(m.group(1)) for n, _ in unwrap(transformer).named_modules()
+             if (m := pattern.match(n))]
+    return max(found) + 1 if found else 0
+
+
+def part_modules(transformer: torch.nn.Module, train_blocks: str = "all"
+                 ) -> dict[str, tuple[str, ...]]:
+    """BFL kohya name without the prefix (``double_blocks_0_img_attn_qkv``) -> the diffusers
+    paths it covers, for the blocks ``train_blocks`` (``all``, ``single``, ``double``) picks."""
+    if train_blocks not in ("all", "single", "double"):
+        raise ValueError(f"network.train_blocks = {train_blocks!r}: use 'all', 'single' or "
+                         f"'double'")
+    out = {}
+    for kind, block, table in BLOCKS:
+        if train_blocks not in ("all", kind):
+            continue
+        for n in range(block_count(transformer, block)):
+            for part, modules in table.items():
+                out[f"{kind}_blocks_{n}_{part}"] = tuple(f"{block}.{n}.{m}" for m in modules)
+    return out
+
+
+def bfl_path(name: str) -> str:
+    """``double_blocks_0_img_attn_qkv`` -> ``double_blocks.0.img_attn.qkv`` (BFL's module)."""
+    kind, _, n, part = name.split("_", 3)
+    bfl = {"img_attn_qkv": "img_attn.qkv", "img_attn_proj": "img_attn.proj",
+           "img_mlp_0": "img_mlp.0", "img_mlp_2": "img_mlp.2", "txt_attn_qkv": "txt_attn.qkv",
+           "txt_attn_proj": "txt_attn.proj", "txt_mlp_0": "txt_mlp.0",
+           "txt_mlp_2": "txt_mlp.2"}.get(part, part)
+    return f"{kind}_blocks.{n}.{bfl}"
+
+
+def target_modules(transformer: torch.nn.Module, train_blocks: str = "all") -> list[str]:
+    """The diffusers module paths peft wraps (full paths: matched exactly)."""
+    return sorted(m for group in part_modules(transformer, train_blocks).values()
+                  for m in group)
+
+
+def fuse(layers: list[Any], rows: list[int], adapter: str = "default"
+         ) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """(down, up, alpha) of a fused Linear from its parts' peft layers, in float32: the parts'
+    ``lora_A`` stacked, their ``lora_B`` block-diagonal, ``alpha / R`` the parts' scale (a part
+    of another scale has it folded into its block, with ``alpha = R``)."""
+    scales = [float(layer.scaling[adapter]) for layer in layers]
+    same = all(abs(s - scales[0]) <= 1e-6 * abs(scales[0]) for s in scales)
+    downs = [layer.lora_A[adapter].weight.detach().float() for layer in layers]
+    rank = sum(d.shape[0] for d in downs)
+    up = torch.zeros(sum(rows), rank, dtype=torch.float32, device=downs[0].device)
+    row = col = 0
+    for layer, n, scale in zip(layers, rows, scales):
+        b = layer.lora_B[adapter].weight.detach().float()
+        up[row:row + n, col:col + b.shape[1]] = b * (1.0 if same else scale)
+        row, col = row + n, col + b.shape[1]
+    return torch.cat(downs, dim=0), up, (scales[0] if same else 1.0) * rank
+
+
+def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return t.detach().to(device="cpu", dtype=dtype).contiguous()
+
+
+def kohya_tensors(transformer: torch.nn.Module, dtype: torch.dtype = torch.bfloat16,
+                  adapter: str = "default") -> dict[str, torch.Tensor]:
+    """The file's tensors of a peft-adapted ``Flux2Transformer2DModel`` (BFL kohya names)."""
+    layers = dict(iter_lora_layers(transformer, adapter))
+    for name, layer in layers.items():
+        _check_exportable(name, layer, adapter)
+    out: dict[str, torch.Tensor] = {}
+    used: set[str] = set()
+    for bfl, modules in part_modules(transformer).items():
+        present = [m for m in modules if m in layers]
+        if not present:
+            continue
+        if len(present) != len(modules):
+            raise ValueError(f"LoRA on {present} but not on all of {list(modules)}: the fused "
+                             f"{bfl_path(bfl)} of the file needs all of them")
+        rows = [unwrap(transformer).get_submodule(m).out_features for m in modules]
+        down, up, alpha = fuse([layers[m] for m in modules], rows, adapter)
+        key = kohya_module_name(UNET_PREFIX, bfl)
+        out[key + ".lora_down.weight"] = _cast(down, dtype)
+        out[key + ".lora_up.weight"] = _cast(up, dtype)
+        out[key + ".alpha"] = torch.tensor(alpha, dtype=dtype)
+        used.update(modules)
+    left = sorted(set(layers) - used)
+    if left:
+        raise ValueError(f"LoRA on {left[:5]} has no name in FLUX.2's BFL layout; train only "
+                         f"the modules of target_modules()")
+    return out
+
+
+def run_state_dict(transformer: Optional[torch.nn.Module], encoders: dict[str, Any],
+                   dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The run's LoRA file tensors (the transformer's; FLUX.2's LoRA trains no text encoder:
+    trainer/families/flux2/rules.py)."""
+    if encoders:
+        raise ValueError("a FLUX.2 LoRA trains the transformer only")
+    if transformer is None:
+        raise ValueError("no LoRA layers to save")
+    return kohya_tensors(transformer, dtype)
+
+
+def save_run_lora(path: Any, tensors: dict[str, torch.Tensor], model: Any, cfg: Any,
+                  metadata: dict[str, Any]) -> Any:
+    """Write the run's file with sd-scripts' ``ss_*`` keys and musubi-tuner's FLUX.2 ones."""
+    from trainer.export.hashes import add_hashes
+    from trainer.system.safe_write import save_safetensors_atomic
+
+    f = cfg.flow
+    meta = {k: str(v) for k, v in metadata.items()
+            if k not in ("sshs_model_hash", "sshs_legacy_hash", "modelspec.hash_sha256")}
+    meta.update({"ss_base_model_version": BASE_MODEL_VERSION, "ss_v2": "False",
+                 "ss_network_module": "networks.lora_flux_2",
+                 "modelspec.architecture": f"flux-2-{model.variant or 'klein-4b'}/lora",
+                 "modelspec.implementation": "https://github.com/black-forest-labs/flux2",
+                 "ss_timestep_sampling": str(f.timestep_sampling),
+                 "ss_discrete_flow_shift": str(float(f.discrete_flow_shift)),
+                 "ss_weighting_scheme": str(f.weighting_scheme)})
+    meta.pop("modelspec.prediction_type", None)
+    meta.setdefault("modelspec.sai_model_spec", "1.0.1")
+    return save_safetensors_atomic(path, tensors, add_hashes(meta, tensors))
