@@ -27,7 +27,9 @@ __all__ = ["FAMILIES", "LAST_RESORT", "DetectionError", "FamilySpec", "Found", "
 # The family folders, one line each; a single file is offered to each folder's detect role in
 # the order of _DETECTION (the transformer layouts first; the UNet families' detection, last,
 # names what a file is when it is none of them).
-_FOLDERS = (sd, sdxl, flux, sd3, flux2)
+# (flux2 before flux: the advisor tells a transformer's family by its class name's prefix,
+# and FLUX.1's "Flux" would claim Flux2Transformer2DModel)
+_FOLDERS = (sd, sdxl, flux2, flux, sd3)
 FAMILIES: dict[str, FamilySpec] = {s.name: s for m in _FOLDERS for s in m.SPECS}
 _DETECTION = ("flux2", "flux", "sd3", "sd")  # FLUX.2 shares FLUX.1's double_blocks
 # the family whose load role opens what detection cannot tell (a .ckpt, a folder of no known

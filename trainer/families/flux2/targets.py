@@ -24,9 +24,11 @@ from trainer.tools.flow_targets import group
 from trainer.tools.targets import Target
 
 LABEL = "FLUX.2"
-# its files' blocks: the same BFL names as FLUX.1's, told apart by the file's metadata
-# (ss_base_model_version = flux2)
-BLOCK_PREFIXES = (f"{UNET_PREFIX}_double_blocks_", f"{UNET_PREFIX}_single_blocks_")
+# its kohya files' block names are FLUX.1's (BFL's): such a file is told FLUX.2 by its
+# metadata (ss_base_model_version = flux2) and its names stay FLUX.1's; the one name only
+# FLUX.2 has is the fused single-block projection of diffusers' own form (the
+# train_dreambooth_lora_flux2*.py examples' files)
+BLOCK_PREFIXES = ("lora_transformer_single_transformer_blocks_0_attn_to_qkv_mlp_proj",)
 FILE_FORM = "kohya"  # the form of its LoRA files (trainer/tools/flow_extract.py)
 TRAINS_T5 = False
 

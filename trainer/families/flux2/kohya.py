@@ -1,0 +1,21 @@
+"""FLUX.2's keys in a kohya_ss GUI config: none. kohya_ss has no FLUX.2 tab and sd-scripts no
+FLUX.2 trainer (musubi-tuner trains it, from its own TOML), so no key picks the family, none is
+passed with it alone, and a kohya_ss config never names it: the importer's flow keys apply as
+for any flow family set by hand (``model.model_version = "flux2"``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+SWITCHES: dict[str, tuple[str, ...]] = {}  # no kohya_ss key picks FLUX.2
+LORA_TYPES: tuple[str, ...] = ()
+RULES: dict[str, Any] = {}
+ENCODER_FILES: dict[str, tuple[str, ...]] = {}
+UNSUPPORTED: dict[str, str] = {}
+NOT_NEEDED: dict[str, str] = {}
+ONLY: tuple[str, ...] = ()
+TIMESTEP_RANGE = False  # no sd-scripts trainer of its own reads min / max_timestep
+
+
+def finish(ctx: Any) -> None:
+    """Nothing: no trainer of kohya_ss's implies an objective for FLUX.2."""
