@@ -232,3 +232,19 @@ def run_state_dict(transformer: Optional[torch.nn.Module], encoders: dict[str, A
     """The run's LoRA file tensors; ``encoders``: the trained text encoders by attribute."""
     return flux_kohya_state_dict(transformer, encoders.get("text_encoder"),
                                  encoders.get("text_encoder_2"), dtype=dtype)
+
+
+def lycoris_module_name(component: str, path: str) -> str:
+    """A LyCORIS file's name of a trained module (trainer/export/flow_lycoris.py): the
+    transformer's by its diffusers path (``lycoris_transformer_blocks_0_attn_to_q``, which
+    ComfyUI maps onto its rows of BFL's fused ``img_attn.qkv``), CLIP-L and T5 as the LoRA
+    names them (``lora_te1_``, ``lora_te3_``)."""
+    from trainer.export.flow_lycoris import TRANSFORMER, diffusers_lycoris_name
+
+    if component == TRANSFORMER:
+        return diffusers_lycoris_name(path)
+    if component == "text_encoder":
+        return kohya_module_name(CLIP_L_PREFIX, text_encoder_module_path(path))
+    if component == "text_encoder_2":
+        return kohya_module_name(T5_PREFIX, path)
+    raise ValueError(f"FLUX.1 has no component {component!r} for a LyCORIS file")
