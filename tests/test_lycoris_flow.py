@@ -293,3 +293,20 @@ def test_every_transformer_family_with_lycoris_names_its_modules():
         if s.denoiser == "transformer" and s.lycoris:
             lora = role(name, "lora")
             assert callable(lora.target_modules) and callable(lora.lycoris_module_name), name
+
+
+@pytest.mark.parametrize("lora_type, network_type", [("LyCORIS/LoKr", "lokr"),
+                                                     ("LyCORIS/LoHa", "loha")])
+def test_a_kohya_ss_flux_lycoris_config_imports(lora_type, network_type):
+    """kohya_ss saves conv_dim / conv_alpha with every LyCORIS type; FLUX.1's transformer has no
+    3x3 convolution, so they are reported as not needed rather than refused."""
+    from test_import_kohya_flow import FLOW, FLUX as FLUX_PRESET, reasons
+
+    from trainer.importers.kohya import import_kohya
+
+    data = {**FLOW[FLUX_PRESET], "LoRA_type": lora_type, "conv_dim": 4, "conv_alpha": 1,
+            "LyCORIS_preset": "full", "factor": -1}
+    cfg, report = import_kohya(data, source="flux lycoris")
+    assert (cfg.model.model_version, cfg.network.network_type) == ("flux1", network_type)
+    assert cfg.network.conv_dim is None
+    assert "no 3x3 convolution" in reasons(report)["conv_dim"]

@@ -22,6 +22,12 @@ sparse, and gives every part the whole ``lora_down`` otherwise, which is also ex
 Text encoders as sd-scripts names them: ``lora_te1_`` CLIP-L (``text_model.encoder...``),
 ``lora_te3_`` T5-XXL (``encoder.block...``). diffusers' FLUX loader keeps ``lora_te1_`` and drops
 T5 keys; ComfyUI loads both.
+
+LyCORIS (LoCon, LoHa, LoKr) cannot be fused so: ``kron`` or Hadamard products on to_q, to_k and
+to_v make no such product on ``img_attn.qkv``. Its file names each diffusers layer
+(:func:`lycoris_module_name`: ``lycoris_transformer_blocks_0_attn_to_q``), which ComfyUI's FLUX
+branch (``flux_to_diffusers``) maps onto that layer's rows of the BFL weight, and its LoRA /
+LoHa / LoKr adapters patch there; trainer/export/flow_lycoris.py has the details.
 """
 
 from __future__ import annotations
