@@ -218,6 +218,37 @@ def test_metadata_and_tools_inspect(tmp_path_factory, network_type):
     assert not report.unknown_keys
 
 
+@pytest.mark.parametrize("network_type", ["loha", "lokr"])
+def test_tools_merge_adds_the_trained_update(tmp_path_factory, tmp_path, network_type):
+    """tools merge reads the ``lycoris_`` names: the merged diffusers folder's layers are the
+    base's plus what the trained network added."""
+    from diffusers import FluxTransformer2DModel
+    from transformers import CLIPTextModel
+
+    from trainer.models.loader import resolve_model_path
+    from trainer.tools.merge import merge
+    from trainer.tools.options import MergeOptions
+
+    _, path, updates = trained(tmp_path_factory, network_type)
+    base = resolve_model_path(FLUX)
+    report = merge(MergeOptions(base=str(base), loras=[path], save_folder=str(tmp_path / "m"),
+                                precision="fp32"))
+    assert not report.loras[0].unmatched and report.loras[0].applied == len(updates)
+    models = {"denoiser": FluxTransformer2DModel, "text_encoder": CLIPTextModel}
+    folders = {"denoiser": "transformer", "text_encoder": "text_encoder"}
+    for component in {c for c, _ in updates}:
+        before, after = (models[component].from_pretrained(root / folders[component])
+                         for root in (base, tmp_path / "m"))
+        for (c, module_path), want in updates.items():
+            if c != component:
+                continue
+            prefix = "text_model." if c == "text_encoder" and not hasattr(
+                before, "encoder") else ""
+            old, new = (m.get_submodule(prefix + module_path).weight.double()
+                        for m in (before, after))
+            torch.testing.assert_close(new - old, want, rtol=1e-4, atol=1e-6)
+
+
 def test_network_weights_continue_from_the_file(tmp_path_factory, tmp_path):
     """network.network_weights loads every module of the file back: the network then adds
     what the trained one added; a run continues from it."""
