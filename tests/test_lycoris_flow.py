@@ -30,7 +30,7 @@ FLUX = "embedded:tiny-flux"
 # network_dim 2 makes lycoris factor LoKr's w2 (lokr_w2_a @ lokr_w2_b, scaled alpha / rank) on
 # the tiny widths; at 4 it keeps both factors whole (scale 1)
 NETWORKS = {"locon": {"network_dim": 4}, "loha": {"network_dim": 4},
-            "lokr": {"network_dim": 2, "train_text_encoder": True}}
+            "lokr": {"network_dim": 2, "train_text_encoder": True, "train_t5xxl": True}}
 _RUNS: dict[str, tuple] = {}
 
 # ComfyUI's flux_to_diffusers, weights: diffusers module of a double block -> BFL module
@@ -73,6 +73,14 @@ def comfy_clip_map(layers: int) -> dict:
     return {f"lora_te1_text_model_encoder_layers_{b}_{v}": (
         (f"clip_l.transformer.text_model.encoder.layers.{b}.{k}.weight", None),
         f"encoder.layers.{b}.{k}") for b in range(layers) for k, v in LORA_CLIP_MAP.items()}
+
+
+def comfy_t5_map(t5_keys) -> dict:
+    """ComfyUI's T5 names with CLIP-L and no CLIP-G (FLUX.1): ``lora_te3_`` + the module path
+    of its ``t5xxl.transformer.`` weights, which are transformers' T5 encoder's."""
+    return {"lora_te3_" + k[:-len(".weight")].replace(".", "_"): (
+        (f"t5xxl.transformer.{k}", None), k[:-len(".weight")])
+        for k in t5_keys if k.endswith(".weight")}
 
 
 def comfy_load(tensors: dict) -> tuple[dict, set]:
@@ -118,7 +126,7 @@ def network_updates(model, loras) -> dict:
     """(component, module path) -> what each adapted Linear adds to its weight, read from its
     forward pass on the identity (adapted minus the frozen layer's own forward)."""
     places = {}
-    for component in ("denoiser", "text_encoder"):
+    for component in ("denoiser", "text_encoder", "text_encoder_2"):
         for path, module in getattr(model, component).named_modules():
             places.setdefault(id(module), (component, path.removeprefix("text_model.")))
     out = {}
@@ -154,26 +162,29 @@ def trained(tmp_path_factory, network_type: str):
 
 
 def tiny_configs():
-    """The tiny FLUX.1's transformer and CLIP-L configs."""
+    """The tiny FLUX.1's transformer and CLIP-L configs, and its T5's weight names."""
     from diffusers import FluxTransformer2DModel
+    from safetensors import safe_open
     from transformers import CLIPTextConfig
 
     from trainer.models.loader import resolve_model_path
 
     folder = resolve_model_path(FLUX)
+    with safe_open(next((folder / "text_encoder_2").glob("*.safetensors")), "pt") as f:
+        t5_keys = list(f.keys())
     return (FluxTransformer2DModel.load_config(folder / "transformer"),
-            CLIPTextConfig.from_pretrained(folder / "text_encoder"))
+            CLIPTextConfig.from_pretrained(folder / "text_encoder"), t5_keys)
 
 
 @pytest.mark.parametrize("network_type", list(NETWORKS))
 def test_comfyui_maps_every_key_and_adds_the_trained_update(tmp_path_factory, network_type):
     cfg, path, updates = trained(tmp_path_factory, network_type)
     tensors = load_file(path)
-    c, clip = tiny_configs()
+    c, clip, t5_keys = tiny_configs()
     c = SimpleNamespace(**c)
     hidden = c.num_attention_heads * c.attention_head_dim
     key_map = {**comfy_flux_map(c.num_layers, c.num_single_layers, hidden),
-               **comfy_clip_map(clip.num_hidden_layers)}
+               **comfy_clip_map(clip.num_hidden_layers), **comfy_t5_map(t5_keys)}
     patches, used = comfy_load(tensors)
     assert set(tensors) == used  # ComfyUI loads every key ("lora key not loaded": none)
     assert set(patches) <= set(key_map), sorted(set(patches) - set(key_map))[:5]
@@ -183,7 +194,8 @@ def test_comfyui_maps_every_key_and_adds_the_trained_update(tmp_path_factory, ne
     fused: dict[str, torch.Tensor] = {}  # the BFL weights' updates, as ComfyUI patches them
     for name, (kind, own, alpha) in patches.items():
         (bfl, offset), path_ = key_map[name]
-        component = "text_encoder" if name.startswith("lora_te1_") else "denoiser"
+        component = {"lora_te1_": "text_encoder", "lora_te3_": "text_encoder_2"}.get(
+            name[:9], "denoiser")
         want = updates[(component, path_)]
         weight = fused.setdefault(bfl, torch.zeros(hidden * 7 if bfl.endswith("linear1.weight")
                                                    else hidden * 3, want.shape[1],
@@ -193,8 +205,9 @@ def test_comfyui_maps_every_key_and_adds_the_trained_update(tmp_path_factory, ne
         rows += comfy_diff(kind, own, alpha, rows.shape)
         torch.testing.assert_close(rows, want, rtol=1e-4, atol=1e-6)
     assert any(u.abs().max() > 1e-6 for u in updates.values())  # the adapters trained
-    if NETWORKS[network_type].get("train_text_encoder"):  # lokr: CLIP-L, and factored w2
+    if NETWORKS[network_type].get("train_text_encoder"):  # lokr: CLIP-L, T5, factored w2
         assert any(n.startswith("lora_te1_") for n in patches)
+        assert any(n.startswith("lora_te3_") for n in patches)
         assert any(k.endswith(".lokr_w2_a") for k in tensors)
 
 
@@ -223,7 +236,7 @@ def test_tools_merge_adds_the_trained_update(tmp_path_factory, tmp_path, network
     """tools merge reads the ``lycoris_`` names: the merged diffusers folder's layers are the
     base's plus what the trained network added."""
     from diffusers import FluxTransformer2DModel
-    from transformers import CLIPTextModel
+    from transformers import CLIPTextModel, T5EncoderModel
 
     from trainer.models.loader import resolve_model_path
     from trainer.tools.merge import merge
@@ -234,8 +247,10 @@ def test_tools_merge_adds_the_trained_update(tmp_path_factory, tmp_path, network
     report = merge(MergeOptions(base=str(base), loras=[path], save_folder=str(tmp_path / "m"),
                                 precision="fp32"))
     assert not report.loras[0].unmatched and report.loras[0].applied == len(updates)
-    models = {"denoiser": FluxTransformer2DModel, "text_encoder": CLIPTextModel}
-    folders = {"denoiser": "transformer", "text_encoder": "text_encoder"}
+    models = {"denoiser": FluxTransformer2DModel, "text_encoder": CLIPTextModel,
+              "text_encoder_2": T5EncoderModel}
+    folders = {"denoiser": "transformer", "text_encoder": "text_encoder",
+               "text_encoder_2": "text_encoder_2"}
     for component in {c for c, _ in updates}:
         before, after = (models[component].from_pretrained(root / folders[component])
                          for root in (base, tmp_path / "m"))
