@@ -31,6 +31,9 @@ def model_lines(path: str) -> list[str]:
 def _parts(info) -> list[str]:
     from trainer.families.common.mmdit_detect import FILES, REQUIRED, WHERE
 
+    own = getattr(info, "part_lines", None)  # a family's file facts that say it themselves
+    if own is not None:
+        return [f"  {'':<20}{line}" for line in own()]
     inside = [p for p in REQUIRED[info.kind] if p in info.prefixes]
     missing = [p for p in REQUIRED[info.kind] if p not in info.prefixes]
     lines = [f"  {'':<20}holds: {', '.join(inside)}"]

@@ -34,6 +34,10 @@ BFL_MARKER = "double_stream_modulation_img.lin.weight"
 DIFFUSERS_MARKER = "double_stream_modulation_img.linear.weight"
 VAE_MARKER = "decoder.conv_in.weight"
 TEXT_MARKER = "model.layers.0.self_attn.q_norm.weight"
+# the setting and the file that give a part a transformer-only file lacks
+PART_FILES = {"vae": ("model.ae", "flux2-vae.safetensors"),
+              "qwen3": ("model.text_encoder", "qwen_3_4b.safetensors (qwen_3_8b.safetensors for "
+                                              "klein 9B)")}
 WIDTHS = {3072: "klein-4b", 4096: "klein-9b", 6144: "dev"}
 LABELS = {"klein-4b": "FLUX.2 [klein] 4B", "klein-9b": "FLUX.2 [klein] 9B", "dev": "FLUX.2 [dev]",
           "klein-base-4b": "FLUX.2 [klein] base 4B", "klein-base-9b": "FLUX.2 [klein] base 9B"}
@@ -69,6 +73,13 @@ class Flux2FileInfo:
     @property
     def description(self) -> str:
         return f"{LABELS[self.variant]} ({self.dtype} weights, {self.layout} layout)"
+
+    def part_lines(self) -> list[str]:
+        """What the file holds and the settings that name the parts it lacks (the doctor)."""
+        order = ("transformer", "vae", "qwen3")
+        lines = ["holds: " + ", ".join(p for p in order if p in self.parts_inside)]
+        return lines + [f"set {PART_FILES[p][0]} to {PART_FILES[p][1]}"
+                        for p in order[1:] if p not in self.parts_inside]
 
 
 def with_base(variant: str, base: bool) -> str:
