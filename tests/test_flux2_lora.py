@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -31,8 +33,6 @@ def model():
 
 def adapted(model, train_blocks="all", rank=4, alpha=2.0):
     """A copy of the tiny transformer with a LoRA whose up weights are random (as trained)."""
-    import copy
-
     from peft import LoraConfig, inject_adapter_in_model
 
     transformer = copy.deepcopy(model.denoiser)
@@ -114,3 +114,34 @@ def test_diffusers_load_lora_weights_gives_the_trained_output(model, tmp_path):
         pipe.unload_lora_weights()
     assert (want - base).abs().max() > 1e-3  # the LoRA changes the output
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_an_extracted_lora_is_a_flux2_file_of_bfl_names(model, tmp_path):
+    """``tools extract`` of a tuned FLUX.2 (its BFL single file) against the twin's folder:
+    the file is told FLUX.2 by its metadata and names BFL weights only."""
+    from trainer.families.flux2.checkpoint import save_checkpoint
+    from trainer.models.loader import resolve_model_path
+    from trainer.tools.extract import extract
+    from trainer.tools.inspect import inspect
+    from trainer.tools.options import ExtractOptions, InspectOptions
+
+    tuned = copy.deepcopy(model.denoiser)
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for m in (tuned.single_transformer_blocks[0].attn.to_out,
+                  tuned.transformer_blocks[1].ff.linear_in):
+            m.weight.add_(torch.randn_like(m.weight) * 0.1)
+    folder = resolve_model_path("embedded:tiny-flux2")
+    single = tmp_path / "tuned.safetensors"
+    save_checkpoint(single, {"transformer": tuned, "vae": model.vae,
+                             "text_encoder": model.text_encoder},
+                    parts=("transformer", "vae", "qwen3"), dtype=torch.float32)
+    out = tmp_path / "extracted.safetensors"
+    extract(ExtractOptions(base=str(folder), tuned=str(single), save_to=str(out), rank=4,
+                           precision="fp32", config_dir=str(folder)))
+    report = inspect(InspectOptions(path=str(out)))
+    assert report.family == "flux2", report.family_reason
+    comfy = {"lora_unet_" + k[:-len(".weight")].replace(".", "_")
+             for k in bfl_weights(model) if k.endswith(".weight")}
+    assert {m.name for m in report.modules} == {"lora_unet_single_blocks_0_linear2",
+                                   "lora_unet_double_blocks_1_img_mlp_0"} <= comfy

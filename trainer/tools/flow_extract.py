@@ -161,5 +161,9 @@ def flow_metadata(base: Any, opts: Any) -> dict[str, str]:
 def save_flow_extract(base: Any, opts: Any, tensors: dict[str, torch.Tensor]) -> None:
     from trainer.families.common.mmdit_lora_file import FlowLoraInfo, save_flow_lora
 
+    own = getattr(role(base.version, "lora"), "save_lora_file", None)
+    if own is not None:  # a family that writes its file's metadata itself
+        own(Path(opts.save_to).expanduser(), tensors, base, flow_metadata(base, opts))
+        return
     save_flow_lora(Path(opts.save_to).expanduser(), tensors,
                    FlowLoraInfo(base.version, base.variant), flow_metadata(base, opts))

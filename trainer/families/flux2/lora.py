@@ -158,22 +158,30 @@ def run_state_dict(transformer: Optional[torch.nn.Module], encoders: dict[str, A
     return kohya_tensors(transformer, dtype)
 
 
-def save_run_lora(path: Any, tensors: dict[str, torch.Tensor], model: Any, cfg: Any,
-                  metadata: dict[str, Any]) -> Any:
-    """Write the run's file with sd-scripts' ``ss_*`` keys and musubi-tuner's FLUX.2 ones."""
+def save_lora_file(path: Any, tensors: dict[str, torch.Tensor], model: Any,
+                   metadata: dict[str, Any]) -> Any:
+    """Write a FLUX.2 LoRA (a run's, an extracted one) with ``metadata`` and the keys that tell
+    its family: ``ss_base_model_version`` (its BFL kohya names are FLUX.1's too) and
+    musubi-tuner's network module."""
     from trainer.export.hashes import add_hashes
     from trainer.system.safe_write import save_safetensors_atomic
 
-    f = cfg.flow
     meta = {k: str(v) for k, v in metadata.items()
             if k not in ("sshs_model_hash", "sshs_legacy_hash", "modelspec.hash_sha256")}
     meta.update({"ss_base_model_version": BASE_MODEL_VERSION, "ss_v2": "False",
                  "ss_network_module": "networks.lora_flux_2",
                  "modelspec.architecture": f"flux-2-{model.variant or 'klein-4b'}/lora",
-                 "modelspec.implementation": "https://github.com/black-forest-labs/flux2",
-                 "ss_timestep_sampling": str(f.timestep_sampling),
-                 "ss_discrete_flow_shift": str(float(f.discrete_flow_shift)),
-                 "ss_weighting_scheme": str(f.weighting_scheme)})
+                 "modelspec.implementation": "https://github.com/black-forest-labs/flux2"})
     meta.pop("modelspec.prediction_type", None)
     meta.setdefault("modelspec.sai_model_spec", "1.0.1")
     return save_safetensors_atomic(path, tensors, add_hashes(meta, tensors))
+
+
+def save_run_lora(path: Any, tensors: dict[str, torch.Tensor], model: Any, cfg: Any,
+                  metadata: dict[str, Any]) -> Any:
+    """Write the run's file with sd-scripts' ``ss_*`` keys and the objective's settings."""
+    f = cfg.flow
+    flow = {"ss_timestep_sampling": str(f.timestep_sampling),
+            "ss_discrete_flow_shift": str(float(f.discrete_flow_shift)),
+            "ss_weighting_scheme": str(f.weighting_scheme)}
+    return save_lora_file(path, tensors, model, {**metadata, **flow})
