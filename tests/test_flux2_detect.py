@@ -2,7 +2,7 @@
 the variant by the shapes of musubi-tuner's table (klein 4B 3072 wide, 9B 4096, dev 6144 with
 a guidance embedder), klein-base by its name or the pipeline's ``is_distilled``; a FLUX.1
 header is not FLUX.2's (both have ``double_blocks.0.img_attn.qkv``); the doctor names the part
-files a transformer-only file needs."""
+files a transformer-only file needs, and the advisor says why it has no estimate."""
 
 from __future__ import annotations
 
@@ -106,3 +106,14 @@ def test_klein_base_is_told_by_the_name_or_the_pipelines_is_distilled(tmp_path):
     assert folder_variant(Path("FLUX.2-klein-4B"), {"is_distilled": False}, config) \
         == "klein-base-9b"
     assert folder_variant(Path("FLUX.2-klein-4B"), {"is_distilled": True}, config) == "klein-9b"
+
+
+def test_the_advisor_says_it_has_no_flux2_estimate_yet():
+    """No crash: the advice names why it has no memory estimate (the family's memory role)."""
+    from trainer.advisor.estimate import advise
+    from trainer.config import TrainConfig
+
+    cfg = TrainConfig.model_validate({"model": {"pretrained_model_name_or_path":
+                                                "embedded:tiny-flux2"}})
+    advice = advise(cfg)
+    assert any("no memory estimate for FLUX.2 yet" in p for p in advice.problems)

@@ -22,6 +22,10 @@ TRAIN_BLOCKS = ("all", "single", "double")  # network.train_blocks
 # the small models (double, single blocks) whose differences give one block of each kind
 SHAPES = [(1, 1), (2, 1), (1, 2)]
 FIXED_BLOCKS = 0  # every block is a swap unit
+# what the advisor says instead of an estimate (trainer/advisor/estimate.py)
+NOT_ADVISED = ("no memory estimate for FLUX.2 yet: the advisor's flow simulation hands every "
+               "transformer FLUX.1's pooled text, which FLUX.2 does not read; the presets "
+               "flux2-klein-4b-16gb.toml / -24gb.toml give a starting point")
 
 
 def tiny_components() -> dict[str, Any]:
