@@ -152,3 +152,13 @@ def test_a_lora_trains_from_the_split_files_text_first(split, tmp_path, monkeypa
     assert Path(result.output_path).is_file()
     assert seen["released"] == [True]
     assert any(e.message.startswith("Text encoders released") for e in sink.of(Log))
+
+
+def test_a_diffusers_layout_transformer_file_loads_too(split, tmp_path):
+    model, files, _ = split
+    path = tmp_path / "diffusion_pytorch_model.safetensors"
+    save_file(to_bf16(model.denoiser.state_dict()), str(path))
+    assert detect_path(path).header.layout == "diffusers"
+    loaded = load_base_model(section({**files, "dit": path}))
+    want = bf16(model.denoiser)
+    assert all(torch.equal(loaded.denoiser.state_dict()[k].float(), v) for k, v in want.items())
