@@ -29,9 +29,9 @@ def _case(resolution: int, batch: int, cache: bool, steps: int, out: str, to_dis
     encoded = []
     real_encode = caches.encode_images
 
-    def counting(vae, pixels):
+    def counting(vae, pixels, *family):
         encoded.append(pixels.shape[0])
-        return real_encode(vae, pixels)
+        return real_encode(vae, pixels, *family)
 
     caches.encode_images = counting
     sink = StepTimes()

@@ -157,9 +157,9 @@ def test_second_run_encodes_nothing_and_a_new_resolution_reencodes(tmp_path, mon
     calls = []
     real = step_module.encode_images
 
-    def counting(vae, pixels):
+    def counting(vae, pixels, *family):
         calls.append(pixels.shape[0])
-        return real(vae, pixels)
+        return real(vae, pixels, *family)
 
     monkeypatch.setattr("trainer.run.caches.encode_images", counting)
     data = one_image_dataset(tmp_path / "data", size=(128, 128))
@@ -186,7 +186,8 @@ def test_a_cpu_run_encodes_as_its_first_epoch_goes(tmp_path, monkeypatch):
     images, captions = [], []
     real_images, real_captions = caches.encode_images, caches.encode_captions
     monkeypatch.setattr(caches, "encode_images",
-                        lambda vae, px: images.append(px.shape[0]) or real_images(vae, px))
+                        lambda vae, px, *family: images.append(px.shape[0]) or
+                        real_images(vae, px, *family))
     monkeypatch.setattr(caches, "encode_captions",
                         lambda m, caps, skip: captions.append(len(caps)) or
                         real_captions(m, caps, skip))

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from trainer.families import family_of
 from trainer.run.step import encode_captions, encode_images
 
 
@@ -36,6 +37,7 @@ def fill_latent_cache(s: Any, out: Any) -> None:
     from trainer.data import cache_batches
 
     ds, model, later = s.cfg.dataset, s.model, lazy(s)
+    family = family_of(model)  # a family may encode its latents its own way
     if ds.cache_latents:
         start = time.time()
         # hashing the VAE's weights is only worth it for a cache that outlives the run
@@ -43,8 +45,8 @@ def fill_latent_cache(s: Any, out: Any) -> None:
         backend = s.device_info.backend  # batches sized to memory, bf16 where it is
         with torch.no_grad():
             encoded = s.data.cache_latents(
-                cache_batches.latent_encoder(lambda px: encode_images(model.vae, px), backend,
-                                             s.dtype),
+                cache_batches.latent_encoder(lambda px: encode_images(model.vae, px, family),
+                                             backend, s.dtype),
                 cache_batches.latent_id(vae_id, backend, s.dtype),
                 to_disk=ds.cache_latents_to_disk,
                 cache_dir=Path(ds.cache_dir) if ds.cache_dir else None,

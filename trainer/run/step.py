@@ -15,10 +15,15 @@ from trainer.objectives.losses import diffusion_loss
 from trainer.system.distributed import narrow, widen
 
 
-def encode_images(vae, pixels: torch.Tensor) -> torch.Tensor:
-    """Pixels in [-1, 1] -> scaled latents (the distribution's mode, so caching is exact):
-    ``(mode - shift_factor) * scaling_factor``; SD's VAEs have no shift, the 16-channel VAEs of
-    FLUX.1 and SD 3.5 do (diffusers' pipelines decode with the inverse)."""
+def encode_images(vae, pixels: torch.Tensor, family: Any = None) -> torch.Tensor:
+    """Pixels in [-1, 1] -> scaled latents (the distribution's mode, so caching is exact): the
+    family's own ``encode_latents(vae, pixels)`` where it has one (``family``: the model's
+    family object), else ``(mode - shift_factor) * scaling_factor``; SD's VAEs have no shift,
+    the 16-channel VAEs of FLUX.1 and SD 3.5 do (diffusers' pipelines decode with the
+    inverse)."""
+    own = getattr(family, "encode_latents", None)
+    if own is not None:
+        return own(vae, pixels)
     latents = vae.encode(pixels.to(vae.device, vae.dtype)).latent_dist.mode()
     shift = vae.config.get("shift_factor") or 0.0
     return (latents - shift) * vae.config.scaling_factor
@@ -81,7 +86,7 @@ def batch_loss(batch: Any, model: Any, cfg: TrainConfig, device: torch.device,
         latents = batch.latents.to(device, dtype)
     else:
         with torch.no_grad():
-            latents = encode_images(model.vae, batch.pixels).to(device, dtype)
+            latents = encode_images(model.vae, batch.pixels, family).to(device, dtype)
     rows = getattr(batch, "rows", None)  # one process's share: draw for the global batch
     latents = widen(latents, rows)
     noise = objective.sample_noise(latents)

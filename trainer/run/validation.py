@@ -67,6 +67,7 @@ def validation_data(data: Any, cfg: Any) -> Any:
 def build_set(data: Any, model: Any, cfg: Any, objective: Any = None) -> ValidationSet:
     """Encode the validation images once and draw their fixed noise; ``objective``: the run's
     (else the model's is made)."""
+    from trainer.families import family_of
     from trainer.run.step import encode_images, objective_for
 
     held = validation_data(data, cfg)
@@ -77,7 +78,7 @@ def build_set(data: Any, model: Any, cfg: Any, objective: Any = None) -> Validat
     for index in range(held.num_images):
         batch = held._batch([index], random.Random(f"{seed}:validation:{index}"))
         with torch.no_grad():
-            latents = encode_images(model.vae, batch.pixels).float().cpu()
+            latents = encode_images(model.vae, batch.pixels, family_of(model)).float().cpu()
         generator = torch.Generator().manual_seed(seed + SEED_OFFSET + index)
         noise = torch.randn((len(timesteps), *latents.shape[1:]), generator=generator)
         items.append(ValidationItem(latents, batch.captions[0], batch.size_ids, noise))

@@ -1,0 +1,90 @@
+"""Qwen-Image on its tiny twin, held to diffusers' ``QwenImagePipeline``: the conditioning is the
+pipeline's ``encode_prompt``, the denoiser call is the pipeline's transformer call at a fixed
+timestep, the latents are the pipeline's own normalization (the inverse of its decode), and the
+family is detected from its folder and named for its edit variants."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from diffusers import QwenImagePipeline
+
+from trainer.config import ModelSection
+from trainer.families import detect_path, family
+from trainer.models.loader import load_base_model, resolve_model_path
+
+pytestmark = pytest.mark.usefixtures("no_network")
+TWIN = "embedded:tiny-qwen-image"
+CAPTIONS = ["a red circle on a blue square", "a shape"]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_base_model(ModelSection(pretrained_model_name_or_path=TWIN))
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    return QwenImagePipeline.from_pretrained(resolve_model_path(TWIN), local_files_only=True)
+
+
+def test_the_folder_is_qwen_image(model):
+    assert detect_path(resolve_model_path(TWIN)).family == "qwen_image"
+    assert model.version == "qwen_image" and model.variant == "base"
+
+
+def test_conditioning_is_the_pipelines_encode_prompt(model, pipe):
+    with torch.no_grad():
+        text = family("qwen_image").encode(model, CAPTIONS, 0)
+        embeds, mask = pipe.encode_prompt(CAPTIONS, device="cpu", max_sequence_length=512)
+    assert mask is not None and not mask.all()  # the captions differ in length: a real mask
+    torch.testing.assert_close(text.hidden, embeds, rtol=0, atol=0)
+    assert torch.equal(text.mask, mask.long())
+
+
+def test_predict_is_the_pipelines_transformer_call(model, pipe):
+    """What the pipeline's loop passes at t: packed latents, ``timestep / 1000``, the mask and
+    ``img_shapes``; unpacked as its ``_unpack_latents`` does."""
+    gen = torch.Generator().manual_seed(3)
+    noisy = torch.randn(2, 16, 8, 6, generator=gen)
+    t = torch.tensor([700.0, 700.0])
+    with torch.no_grad():
+        text = family("qwen_image").encode(model, CAPTIONS, 0)
+        ours = family("qwen_image").predict(model, noisy, t / 1000, text, None)
+        embeds, mask = pipe.encode_prompt(CAPTIONS, device="cpu", max_sequence_length=512)
+        packed = pipe._pack_latents(noisy, 2, 16, 8, 6)
+        theirs = pipe.transformer(hidden_states=packed, timestep=t / 1000, guidance=None,
+                                  encoder_hidden_states_mask=mask, encoder_hidden_states=embeds,
+                                  img_shapes=[[(1, 4, 3)]] * 2, attention_kwargs={},
+                                  return_dict=False)[0]
+        theirs = pipe._unpack_latents(theirs, 8 * pipe.vae_scale_factor,
+                                      6 * pipe.vae_scale_factor, pipe.vae_scale_factor)
+    assert ours.shape == noisy.shape
+    torch.testing.assert_close(ours, theirs[:, :, 0], rtol=0, atol=1e-6)
+
+
+def test_latents_are_the_pipelines_normalization(model, pipe):
+    """Encoding then the pipeline's own decode step (``latents / (1 / std) + mean``, then the
+    VAE) gives what the VAE decodes from its raw latents."""
+    gen = torch.Generator().manual_seed(5)
+    pixels = torch.rand(1, 3, 64, 48, generator=gen) * 2 - 1
+    vae = pipe.vae
+    with torch.no_grad():
+        ours = family("qwen_image").encode_latents(model.vae, pixels)
+        raw = vae.encode(pixels.unsqueeze(2)).latent_dist.mode()
+        mean = torch.tensor(vae.config.latents_mean).view(1, 16, 1, 1, 1)
+        inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, 16, 1, 1, 1)
+        back = ours.unsqueeze(2) / inv_std + mean  # pipeline_qwenimage.py's decode
+    assert ours.shape == (1, 16, 8, 6)
+    torch.testing.assert_close(back, raw, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(ours, raw[:, :, 0])  # the normalization did something
+
+
+def test_samples_decode_through_the_pipeline(model):
+    """The family's pipeline draws from the model's modules (its own unpack and decode)."""
+    pipe = family("qwen_image").pipeline(model, model.denoiser, model.noise_scheduler)
+    pipe.set_progress_bar_config(disable=True)
+    image = pipe("a shape", height=32, width=32, num_inference_steps=2,
+                 generator=torch.Generator().manual_seed(0), output_type="np").images[0]
+    assert image.shape == (32, 32, 3) and np.isfinite(image).all()
