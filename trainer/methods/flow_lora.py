@@ -39,5 +39,10 @@ def save_flow_run_lora(path: str | Path, model: Any, cfg: Any, facts: Any, dtype
 
     transformer = model.denoiser if cfg.network.train_unet else None
     trained = {name: getattr(model, name) for name in encoders}
-    tensors = role(model.version, "lora").run_state_dict(transformer, trained, dtype)
-    return save_flow_lora(path, tensors, flow_info(model, cfg), build_lora_metadata(cfg, facts))
+    lora = role(model.version, "lora")
+    tensors = lora.run_state_dict(transformer, trained, dtype)
+    base = build_lora_metadata(cfg, facts)
+    own = getattr(lora, "save_run_file", None)  # a family that records its model its own way
+    if own is not None:
+        return own(path, tensors, model, cfg, base)
+    return save_flow_lora(path, tensors, flow_info(model, cfg), base)

@@ -118,6 +118,9 @@ def family_from_metadata(meta: dict[str, str]) -> Optional[str]:
                            ("flux1", "flux1")):
         if version.startswith(prefix):
             return family
+    for name in names(denoiser="transformer"):  # a family's own sd-scripts / musubi version
+        if version and version == spec(name).kohya_version:
+            return name
     for prefix, family in (("stable-diffusion-xl", "sdxl"), ("stable-diffusion-v2", "sd2"),
                            ("stable-diffusion-v1", "sd1"), ("stable-diffusion-3", "sd3"),
                            ("flux-1", "flux1")):

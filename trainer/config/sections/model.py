@@ -32,7 +32,8 @@ class ModelSection(Section):
         families=DDPM,
     )
     vae: Optional[str] = setting(
-        None, "A different VAE (diffusers folder or file) instead of the model's own.",
+        None, "A different VAE (diffusers folder or file) instead of the model's own; "
+        "Qwen-Image: the VAE file (qwen_image_vae.safetensors) for a diffusion-model file.",
         advanced=True, widget="dir",
         label="VAE override",
     )
@@ -71,6 +72,10 @@ class ModelSection(Section):
         None, "FLUX.1 / SD 3.5: the T5-XXL text encoder file for a single file without it "
         "(sd-scripts' --t5xxl).", advanced=True, widget="file",
         families=FLOW, modes=FLOW_MODES, label="T5-XXL file")
+    text_encoder: Optional[str] = setting(
+        None, "Qwen-Image: the Qwen2.5-VL-7B text encoder file (qwen_2.5_vl_7b.safetensors) "
+        "for a diffusion-model file without it (musubi-tuner's --text_encoder).", advanced=True,
+        widget="file", families=("qwen_image",), modes=FLOW_MODES, label="Text encoder file")
     t5xxl_max_token_length: Optional[int] = setting(
         None, "Tokens of T5 per caption; unset: 512 for FLUX.1-dev, 256 for schnell and "
         "SD 3.5 (sd-scripts' defaults).", advanced=True, ge=1, le=512,

@@ -11,25 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from trainer.families.qwen_image.detect import LABELS, folder_variant
+from trainer.families.qwen_image.single_file import check_version, refuse_variant
 from trainer.families.spec import ModelLoadError
 
 FIELD = "model.pretrained_model_name_or_path"
-
-
-def refuse_variant(path: Path, variant: str) -> None:
-    """A clear refusal of the variants that do not train yet."""
-    if variant != "base":
-        raise ModelLoadError(f"{FIELD} = {str(path)!r} is {LABELS[variant]}: training the "
-                             f"Qwen-Image edit and layered variants (a control image beside "
-                             f"each target) is not supported yet; use Qwen-Image or "
-                             f"Qwen-Image-2512")
-
-
-def check_version(path: Path, section: Any, what: str) -> None:
-    if section.model_version not in ("auto", "qwen_image"):
-        raise ModelLoadError(f"{FIELD} = {str(path)!r}: model.model_version = "
-                             f"{section.model_version!r}, but it holds {what}; set it to "
-                             f"'auto' or 'qwen_image'")
 
 
 def load_folder(path: Path, section: Any, name: str = "qwen_image") -> dict[str, Any]:

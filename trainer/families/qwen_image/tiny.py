@@ -20,12 +20,12 @@ from pathlib import Path
 
 import torch
 
-from trainer.families.sd.tiny import TINY_SEED
 from trainer.families.spec import ASSETS
 
 TEXT_WIDTH = 32  # Qwen2.5-VL-7B: 3584
 ROPE_AXES = (4, 6, 6)  # (16, 56, 56) in Qwen-Image: sum = attention_head_dim
 BUILDER = "tiny-qwen-image"
+TINY_SEED = 0  # the other twins' seed (trainer/families/sd/tiny.py)
 
 
 def scheduler():
