@@ -204,3 +204,45 @@ def test_edit_2511_is_named_from_its_marker_and_refused(split_files, tmp_path):
     with pytest.raises(ModelLoadError, match="Qwen-Image-Edit-2511: training the Qwen-Image "
                                              "edit and layered variants"):
         load_base_model(ModelSection(**section))
+
+
+def scaled_fp8(tensors: dict[str, torch.Tensor]) -> tuple[dict, dict]:
+    """ComfyUI's legacy scaled-fp8 form of ``tensors`` (``*_fp8_scaled.safetensors``): each 2-D
+    ``.weight`` as fp8(W / s) with ``s = amax / 448`` in ``.scale_weight``, a ``scaled_fp8``
+    marker; and what each weight must read back as, ``fp8 * s`` in float32."""
+    fp8 = torch.float8_e4m3fn
+    out, expected = {"scaled_fp8": torch.empty(0, dtype=fp8)}, {}
+    for key, w in tensors.items():
+        if key.endswith(".weight") and w.dim() == 2 and "embed" not in key:
+            scale = (w.abs().max().float() / 448).clamp_min(1e-12)
+            out[key] = (w.float() / scale).to(fp8)
+            out[key[: -len("weight")] + "scale_weight"] = scale.reshape(())
+            expected[key] = out[key].float() * scale
+        else:
+            out[key] = w.contiguous()
+    return out, expected
+
+
+def test_scaled_fp8_split_files_dequantize_exactly(split_files, tmp_path):
+    """qwen_image_fp8 / qwen_2.5_vl_7b_fp8_scaled-style files: each weight reads as fp8 * scale
+    (ComfyUI's math), the rest as stored."""
+    from safetensors.torch import load_file
+
+    root, folder = split_files
+    dit, dit_expected = scaled_fp8(load_file(root / "qwen_image_bf16.safetensors"))
+    te, te_expected = scaled_fp8(load_file(root / "qwen_2.5_vl_7b.safetensors"))
+    save_file(dit, tmp_path / "qwen_image_fp8_scaled.safetensors")
+    save_file(te, tmp_path / "qwen_2.5_vl_7b_fp8_scaled.safetensors")
+    section = split_section(root)
+    dit_file = tmp_path / "qwen_image_fp8_scaled.safetensors"
+    section.update(pretrained_model_name_or_path=str(dit_file),
+                   text_encoder=str(tmp_path / "qwen_2.5_vl_7b_fp8_scaled.safetensors"))
+    found = detect_path(dit_file)
+    assert found.family == "qwen_image" and "scaled fp8" in found.description
+    model = load_base_model(ModelSection(**section))
+    got = model.denoiser.state_dict()
+    assert all(torch.equal(got[k], v) for k, v in dit_expected.items())
+    base = folder.denoiser.state_dict()
+    assert all(torch.equal(got[k], base[k]) for k in base if k not in dit_expected)
+    ours = text_encoder_tensors(model.text_encoder)
+    assert te_expected and all(torch.equal(ours[k], v) for k, v in te_expected.items())

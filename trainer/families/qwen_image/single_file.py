@@ -37,7 +37,6 @@ FILES = {"vae": "qwen_image_vae.safetensors (Comfy-Org/Qwen-Image_ComfyUI, split
                          "split_files/text_encoders)"}
 SETTINGS = {"vae": "model.vae", "text_encoder": "model.text_encoder"}
 TEXT_MARKER = "model.layers.0.self_attn.k_proj.bias"
-TOKENIZER_FETCH = "hf download Qwen/Qwen-Image --include 'tokenizer/*'"
 
 
 def config_root(config_dir: Optional[str], component: str) -> Path:
@@ -69,10 +68,11 @@ def build_transformer(path: Path, info: QwenFileInfo, root: Path, dtype: torch.d
     """The transformer, streamed from the file (see the module's notes)."""
     from diffusers import QwenImageTransformer2DModel
 
+    from trainer.families.common.comfy_quant import ComfyQuantReader
     from trainer.models.memory import fp8_storage
-    from trainer.models.streamed_load import SafetensorsReader, load_streamed
+    from trainer.models.streamed_load import load_streamed
 
-    reader = SafetensorsReader(path)
+    reader = ComfyQuantReader(path, dtype)  # ComfyUI's scaled fp8 read as fp8 * scale
     keys = [k for k in reader.entries if k.startswith(info.prefix)
             and not (not info.prefix and k.startswith((VAE, TEXT)))]
     where = f"{FIELD} = {str(path)!r}"
@@ -110,6 +110,8 @@ def build_vae(weights: Weights, root: Path, dtype: torch.dtype) -> Any:
     from accelerate import init_empty_weights
     from diffusers import AutoencoderKLQwenImage
 
+    from trainer.families.common.comfy_quant import ComfyQuantReader
+
     prefix = _prefix(weights, "decoder.conv1.weight", ("", VAE), "vae")
     with init_empty_weights():
         model = AutoencoderKLQwenImage.from_config(
@@ -117,9 +119,10 @@ def build_vae(weights: Weights, root: Path, dtype: torch.dtype) -> Any:
     names = {prefix + wan_vae_name(k, model.config.num_res_blocks): k
              for k in model.state_dict()}
     where = f"{weights.setting} = {str(weights.path)!r}"
+    reader = ComfyQuantReader(weights.path, dtype)
     try:
-        state = {ours: weights.tensor(theirs).to(dtype) for theirs, ours in names.items()
-                 if theirs in weights.keys}
+        state = {ours: reader.read(theirs).to(dtype) for theirs, ours in names.items()
+                 if theirs in reader.entries}
         model.load_state_dict(state, strict=False, assign=True)
     except Exception as exc:  # noqa: BLE001
         raise fail(where, "vae", exc) from None
@@ -133,6 +136,7 @@ def build_text_encoder(weights: Weights, root: Path, dtype: torch.dtype) -> Any:
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
     from transformers.core_model_loading import revert_weight_conversion
 
+    from trainer.families.common.comfy_quant import ComfyQuantReader
     from trainer.families.common.mmdit_parts import _groups
     from trainer.models.memory import fp8_storage, to_compute_dtype
     from trainer.models.streamed_load import fill
@@ -145,11 +149,12 @@ def build_text_encoder(weights: Weights, root: Path, dtype: torch.dtype) -> Any:
     ours = {id(t): k for k, t in state.items()}  # the renaming keeps each tensor
     names = {theirs: ours[id(t)] for theirs, t in revert_weight_conversion(model, state).items()}
     where = f"{weights.setting} = {str(weights.path)!r}"
+    reader = ComfyQuantReader(weights.path, dtype)  # qwen_2.5_vl_7b_fp8_scaled: fp8 * scale
     wanted = [(ours, prefix + theirs) for theirs, ours in names.items()
-              if prefix + theirs in weights.keys]
+              if prefix + theirs in reader.entries]
     try:
         for group in _groups(weights, wanted):
-            fill(model, {n: weights.tensor(k) for n, k in group}, set(), fp8_storage(dtype),
+            fill(model, {n: reader.read(k) for n, k in group}, set(), fp8_storage(dtype),
                  load_model_dict_into_meta, dtype=dtype)
     except Exception as exc:  # noqa: BLE001
         raise fail(where, "text_encoder", exc) from None
@@ -173,31 +178,6 @@ def check_version(path: Path, section: Any, what: str) -> None:
         raise ModelLoadError(f"{FIELD} = {str(path)!r}: model.model_version = "
                              f"{section.model_version!r}, but it holds {what}; set it to "
                              f"'auto' or 'qwen_image'")
-
-
-def load_tokenizer(setting: Optional[str], checkpoint: Path) -> Any:
-    """Qwen2.5-VL's tokenizer (a checkpoint holds none): ``model.tokenizer`` (a folder, or a
-    diffusers folder with ``tokenizer/``), a ``tokenizer`` folder beside the file, or the
-    Hugging Face cache's Qwen/Qwen-Image."""
-    from transformers import Qwen2Tokenizer
-
-    candidates = []
-    if setting:
-        root = Path(setting).expanduser()
-        candidates += [root / "tokenizer", root]
-    candidates.append(checkpoint.parent / "tokenizer")
-    for folder in candidates:
-        if (folder / "tokenizer_config.json").is_file():
-            return Qwen2Tokenizer.from_pretrained(str(folder), local_files_only=True)
-    try:
-        return Qwen2Tokenizer.from_pretrained("Qwen/Qwen-Image", subfolder="tokenizer",
-                                              local_files_only=True)
-    except OSError:
-        pass
-    raise ModelLoadError(f"{FIELD} = {str(checkpoint)!r}: no Qwen2.5-VL tokenizer found (looked "
-                         f"in model.tokenizer, beside the file and the Hugging Face cache); "
-                         f"fetch it with `{TOKENIZER_FETCH}` or set model.tokenizer to a folder "
-                         f"that holds it")
 
 
 def _source(part: str, info: QwenFileInfo, main: Weights, section: Any) -> Weights:
@@ -228,6 +208,7 @@ def load_qwen_file(path: Path, section: Any, *, dtype: Any = None, defer_denoise
     """The BaseModel fields of a Qwen-Image single file and its part files, built in ``dtype``
     (fp8 storage of the transformer with model.base_precision = "fp8" where ``store``);
     ``defer_denoiser``: the transformer is built later by ``build_denoiser(dtype)``."""
+    from trainer.families.common.qwen_tokenizers import load_qwen_tokenizer
     from trainer.families.qwen_image.tiny import scheduler
 
     info = file_info(path)
@@ -247,7 +228,8 @@ def load_qwen_file(path: Path, section: Any, *, dtype: Any = None, defer_denoise
 
     return dict(denoiser=None if defer_denoiser else later(dtype),
                 build_denoiser=later if defer_denoiser else None, vae=vae,
-                text_encoder=encoder, tokenizer=load_tokenizer(section.tokenizer, path),
+                text_encoder=encoder, tokenizer=load_qwen_tokenizer(
+                    "qwen25vl", section.tokenizer, [p for p in (section.text_encoder, path) if p]),
                 noise_scheduler=scheduler(), version="qwen_image", variant=info.variant,
                 prediction_type="flow", source=str(path), name=path.stem,
                 description=info.description)
