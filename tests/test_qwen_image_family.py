@@ -88,3 +88,26 @@ def test_samples_decode_through_the_pipeline(model):
     image = pipe("a shape", height=32, width=32, num_inference_steps=2,
                  generator=torch.Generator().manual_seed(0), output_type="np").images[0]
     assert image.shape == (32, 32, 3) and np.isfinite(image).all()
+
+
+def test_the_default_shift_is_musubis_qwen_shift(model):
+    """``flux_shift`` (the default) follows the model scheduler's dynamic shift: for Qwen-Image
+    mu runs linearly from 0.5 at 256 packed tokens to 0.9 at 8192 (musubi-tuner's
+    ``qwen_shift``, ``trainer_base.py``), then ``e^mu / (e^mu + 1 / t - 1)`` of a sigmoid
+    normal draw."""
+    import math
+
+    from trainer.config.sections.flow import FlowSection
+    from trainer.config.sections.training import TrainingSection
+    from trainer.objectives.flow_matching import FlowObjective
+
+    flow = FlowSection()
+    assert flow.timestep_sampling == "flux_shift"
+    latents = torch.zeros(4, 16, 128, 96)  # 1024 x 768 px: 64 x 48 = 3072 packed tokens
+    torch.manual_seed(0)
+    got = FlowObjective(flow, TrainingSection(), model.noise_scheduler).sample_t(latents)
+    torch.manual_seed(0)
+    t = torch.sigmoid(torch.randn(4))
+    mu = 0.5 + (0.9 - 0.5) * (3072 - 256) / (8192 - 256)
+    expected = math.exp(mu) / (math.exp(mu) + (1 / t - 1))
+    torch.testing.assert_close(got, expected)
