@@ -118,3 +118,28 @@ def save_run_file(path: Any, tensors: dict[str, torch.Tensor], model: Any, cfg: 
         raise ValueError(f"{path}: no LoRA tensors to save")
     meta = run_metadata(cfg, base)
     return save_safetensors_atomic(path, tensors, add_hashes(meta, tensors))
+
+
+# the peers' other forms (ai-toolkit: ``diffusion_model.<path>.lora_A/B``, ComfyUI's dotted
+# name; diffusers' example: ``transformer.<path>``), no alpha: scale 1
+PEFT_PREFIXES = ("diffusion_model.", "transformer.")
+PEFT_SUFFIXES = {".lora_A.weight": ".lora_down.weight", ".lora_B.weight": ".lora_up.weight"}
+
+
+def kohya_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A Qwen-Image LoRA file's tensors in the kohya form this studio and musubi-tuner write
+    (``network.network_weights`` reads them so): the PEFT forms renamed, with ``alpha`` = rank
+    where the file has none (their scale 1); kohya keys as they are."""
+    out: dict[str, torch.Tensor] = {}
+    for key, value in tensors.items():
+        suffix = next((s for s in PEFT_SUFFIXES if key.endswith(s)), None)
+        prefix = next((p for p in PEFT_PREFIXES if key.startswith(p)), None)
+        if suffix is None and not (prefix and key.endswith(".alpha")):
+            out[key] = value
+            continue
+        path = key[len(prefix or ""): -len(suffix or ".alpha")]
+        name = UNET_PREFIX + "_" + path.replace(".", "_")
+        out[name + (PEFT_SUFFIXES[suffix] if suffix else ".alpha")] = value
+        if suffix == ".lora_A.weight" and (prefix or "") + path + ".alpha" not in tensors:
+            out[name + ".alpha"] = torch.tensor(float(value.shape[0]))
+    return out

@@ -18,6 +18,9 @@ from trainer.tools.flow_targets import TRANSFORMER
 from trainer.tools.targets import Target
 
 BLOCK_PREFIXES = ("lora_unet_transformer_blocks_",)  # its files' blocks
+# layers no other family has, under any prefix (diffusers' example's ``transformer.*`` files
+# read as ``lora_transformer_transformer_blocks_``, as SD 3.5's do)
+MARKERS = ("_img_mlp_net_", "_txt_mlp_net_", "_img_mod_1", "_txt_mod_1")
 FILE_FORM = "kohya"  # the form of its LoRA files (trainer/tools/flow_extract.py)
 TRAINS_T5 = False  # no T5
 
