@@ -111,3 +111,17 @@ def test_the_default_shift_is_musubis_qwen_shift(model):
     mu = 0.5 + (0.9 - 0.5) * (3072 - 256) / (8192 - 256)
     expected = math.exp(mu) / (math.exp(mu) + (1 / t - 1))
     torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("settings, words", [
+    ({"network": {"train_text_encoder": True}}, "network.train_text_encoder: a Qwen-Image LoRA"),
+    ({"training": {"mixed_precision": "fp16"}}, "cannot train Qwen-Image"),
+])
+def test_the_rules_refuse_what_qwen_image_cannot_train(tmp_path, settings, words):
+    from train_helpers import small_config
+
+    from trainer.config.files import ConfigError
+
+    with pytest.raises(ConfigError, match=words):
+        small_config(tmp_path, tmp_path, model={"pretrained_model_name_or_path": TWIN},
+                     **settings)
