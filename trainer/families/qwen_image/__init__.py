@@ -9,7 +9,9 @@ QWEN_IMAGE = FamilySpec(
     name="qwen_image", label="Qwen-Image", folder="qwen_image", denoiser="transformer",
     objective="flow", text_encoders=("qwen25_7b",), embedded="embedded:tiny-qwen-image",
     pipelines=("QwenImagePipeline",),
-    variants=(Variant("base", "Qwen-Image", "qwen-image"),),
+    # the text length of a step: Qwen2.5-VL's tokens, at most the pipeline's 512 (the slot
+    # named for T5's length, which the advisor reads)
+    variants=(Variant("base", "Qwen-Image", "qwen-image", 512),),
     part_settings={"vae": "model.vae", "qwen25_7b": "model.text_encoder"},
     kohya_version="qwen_image", textual_inversion=False, lycoris=False)
 SPECS = (QWEN_IMAGE,)
