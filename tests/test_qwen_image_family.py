@@ -125,3 +125,19 @@ def test_the_rules_refuse_what_qwen_image_cannot_train(tmp_path, settings, words
     with pytest.raises(ConfigError, match=words):
         small_config(tmp_path, tmp_path, model={"pretrained_model_name_or_path": TWIN},
                      **settings)
+
+
+def test_samples_guide_with_the_pipelines_true_cfg(tmp_path):
+    """[sampling]'s guidance scale (and a prompt's --l) is QwenImagePipeline's true_cfg_scale,
+    which guides with the negative prompt; its guidance_scale is for distilled models."""
+    from train_helpers import small_config
+
+    from trainer.run.sample_prompts import sample_prompts
+    from trainer.run.sampling import _call_args
+
+    cfg = small_config(tmp_path, tmp_path, model={"pretrained_model_name_or_path": TWIN},
+                       sampling={"sample_prompts": ["a shape --n blur --l 3.5"]})
+    spec = sample_prompts(cfg)[0]
+    args = _call_args(type("M", (), {"version": "qwen_image"})(), cfg, None, spec, 0)
+    assert args["true_cfg_scale"] == 3.5 and args["negative_prompt"] == "blur"
+    assert "guidance_scale" not in args

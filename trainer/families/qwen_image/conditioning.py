@@ -99,6 +99,13 @@ class QwenImageFamily:
                                  text_encoder=model.text_encoder, tokenizer=model.tokenizer,
                                  transformer=denoiser)
 
+    def sample_arguments(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The samples' guidance is the pipeline's true CFG (``true_cfg_scale``, with a
+        negative prompt; its ``guidance_scale`` is for a guidance-distilled model)."""
+        out = dict(args)
+        out["true_cfg_scale"] = out.pop("guidance_scale")
+        return out
+
     def added_conditioning(self, text: TextConditioning, size_ids: Optional[torch.Tensor]):
         return None
 
