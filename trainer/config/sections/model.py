@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from trainer.config.sections.base import DDPM, EMBEDDED_MODEL, FAMILIES, FLOW, Section, setting
+from trainer.config.sections.base import (
+    CLIP_L_FILE,
+    DDPM,
+    EMBEDDED_MODEL,
+    FAMILIES,
+    T5,
+    Section,
+    setting,
+)
 from trainer.config.sections.flow import FLOW_MODES
 
 # "auto" or a family of the registry
@@ -63,7 +71,7 @@ class ModelSection(Section):
     clip_l: Optional[str] = setting(
         None, "FLUX.1 / SD 3.5: the CLIP-L text encoder file for a single file without it "
         "(sd-scripts' --clip_l).", advanced=True, widget="file",
-        families=FLOW, modes=FLOW_MODES, label="CLIP-L file")
+        families=CLIP_L_FILE, modes=FLOW_MODES, label="CLIP-L file")
     clip_g: Optional[str] = setting(
         None, "SD 3.5: the CLIP-G text encoder file for a single file without it "
         "(sd-scripts' --clip_g).", advanced=True, widget="file",
@@ -71,7 +79,7 @@ class ModelSection(Section):
     t5xxl: Optional[str] = setting(
         None, "FLUX.1 / SD 3.5: the T5-XXL text encoder file for a single file without it "
         "(sd-scripts' --t5xxl).", advanced=True, widget="file",
-        families=FLOW, modes=FLOW_MODES, label="T5-XXL file")
+        families=T5, modes=FLOW_MODES, label="T5-XXL file")
     text_encoder: Optional[str] = setting(
         None, "Qwen-Image: the Qwen2.5-VL-7B text encoder file (qwen_2.5_vl_7b.safetensors) "
         "for a diffusion-model file without it (musubi-tuner's --text_encoder).", advanced=True,
@@ -79,7 +87,7 @@ class ModelSection(Section):
     t5xxl_max_token_length: Optional[int] = setting(
         None, "Tokens of T5 per caption; unset: 512 for FLUX.1-dev, 256 for schnell and "
         "SD 3.5 (sd-scripts' defaults).", advanced=True, ge=1, le=512,
-        families=FLOW, modes=FLOW_MODES, label="T5 max tokens")
+        families=T5, modes=FLOW_MODES, label="T5 max tokens")
     cache_as_diffusers: bool = setting(
         False, "Keep a diffusers copy of a single-file model in the studio's data folder, "
         "loaded faster next time; off writes nothing.", advanced=True,
@@ -96,4 +104,4 @@ class ModelSection(Section):
     fp8_text_encoders: bool = setting(
         False, "Store the frozen T5-XXL text encoder in fp8 too (FLUX.1 / SD 3.5: 4.8 GB "
         "instead of 9.5 GB), cast to the compute precision layer by layer.", advanced=True,
-        families=FLOW, label="fp8 T5 text encoder")
+        families=T5, label="fp8 T5 text encoder")
