@@ -141,3 +141,28 @@ def test_samples_guide_with_the_pipelines_true_cfg(tmp_path):
     args = _call_args(type("M", (), {"version": "qwen_image"})(), cfg, None, spec, 0)
     assert args["true_cfg_scale"] == 3.5 and args["negative_prompt"] == "blur"
     assert "guidance_scale" not in args
+
+
+def test_the_shipped_configs_are_the_published_sizes():
+    """trainer/assets/families/qwen-image: the 20.43B transformer, Qwen2.5-VL-7B's 8.29B (its
+    vision tower included, as the released file holds it), the Wan 2.1 VAE's 126.9M."""
+    from accelerate import init_empty_weights
+    from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    from trainer.families import spec
+
+    root = spec("qwen_image").assets()
+    with init_empty_weights():
+        parts = {
+            "transformer": QwenImageTransformer2DModel.from_config(
+                QwenImageTransformer2DModel.load_config(root, subfolder="transformer")),
+            "vae": AutoencoderKLQwenImage.from_config(
+                AutoencoderKLQwenImage.load_config(root, subfolder="vae")),
+            "text_encoder": Qwen2_5_VLForConditionalGeneration(
+                Qwen2_5_VLConfig.from_pretrained(root / "text_encoder"))}
+    counts = {k: sum(p.numel() for p in m.parameters()) for k, m in parts.items()}
+    assert counts == {"transformer": 20_430_401_088, "vae": 126_892_531,
+                      "text_encoder": 8_292_166_656}
+    assert parts["text_encoder"].config.text_config.hidden_size == \
+        parts["transformer"].config.joint_attention_dim
