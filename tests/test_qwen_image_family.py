@@ -166,3 +166,28 @@ def test_the_shipped_configs_are_the_published_sizes():
                       "text_encoder": 8_292_166_656}
     assert parts["text_encoder"].config.text_config.hidden_size == \
         parts["transformer"].config.joint_attention_dim
+
+
+@pytest.mark.parametrize("pipeline, zero_cond_t, label", [
+    ("QwenImageEditPipeline", False, "Qwen-Image-Edit"),
+    ("QwenImageEditPlusPipeline", False, "Qwen-Image-Edit-2509"),
+    ("QwenImageEditPlusPipeline", True, "Qwen-Image-Edit-2511"),
+])
+def test_an_edit_folder_is_named_and_refused(tmp_path, pipeline, zero_cond_t, label):
+    """The edit pipelines' folders are Qwen-Image's family, told apart by the pipeline and
+    2511's ``zero_cond_t``; training them (control images) is refused with the reason."""
+    import json
+    import shutil
+
+    from trainer.families import ModelLoadError
+
+    folder = tmp_path / "edit"
+    shutil.copytree(resolve_model_path(TWIN), folder)
+    index = json.loads((folder / "model_index.json").read_text())
+    (folder / "model_index.json").write_text(json.dumps(dict(index, _class_name=pipeline)))
+    config = json.loads((folder / "transformer" / "config.json").read_text())
+    (folder / "transformer" / "config.json").write_text(
+        json.dumps(dict(config, zero_cond_t=zero_cond_t)))
+    assert detect_path(folder).family == "qwen_image"
+    with pytest.raises(ModelLoadError, match=f"is {label}: training the Qwen-Image edit"):
+        load_base_model(ModelSection(pretrained_model_name_or_path=str(folder)))

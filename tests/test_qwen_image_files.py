@@ -177,12 +177,22 @@ def test_a_diffusion_model_file_alone_names_the_settings(split_files):
         load_base_model(ModelSection(**section))
 
 
-def test_split_files_train_a_lora(split_files, tmp_path):
+def test_split_files_train_a_lora_text_first(split_files, tmp_path):
+    """The captions are encoded and Qwen2.5-VL let go before the transformer is built from
+    its file (trainer/run/text_first.py: the 7B encoder and the 20B transformer never
+    together)."""
+    from trainer.events import Log
+
     root, _ = split_files
     cfg = small_config(tmp_path, one_image_dataset(tmp_path / "data"),
-                       model=split_section(root), training={"max_train_steps": 2})
-    result = run(cfg, ListSink())
+                       model=split_section(root), dataset={"cache_text_encoder_outputs": True},
+                       training={"max_train_steps": 2, "mixed_precision": "no"})
+    sink = ListSink()
+    result = run(cfg, sink)
     assert result.status == "finished", result.error
+    lines = [e.message for e in sink.of(Log)]
+    assert any(line.startswith("Text encoders released once every caption was encoded "
+                               "(text_encoder") for line in lines), lines
 
 
 def test_edit_2511_is_named_from_its_marker_and_refused(split_files, tmp_path):
