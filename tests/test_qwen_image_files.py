@@ -256,3 +256,13 @@ def test_scaled_fp8_split_files_dequantize_exactly(split_files, tmp_path):
     assert all(torch.equal(got[k], base[k]) for k in base if k not in dit_expected)
     ours = text_encoder_tensors(model.text_encoder)
     assert te_expected and all(torch.equal(ours[k], v) for k, v in te_expected.items())
+
+
+def test_the_doctor_names_the_parts_a_diffusion_model_file_lacks(split_files):
+    from trainer.tools.model_report import model_lines
+
+    root, _ = split_files
+    text = "\n".join(model_lines(str(root / "qwen_image_bf16.safetensors")))
+    assert "Qwen-Image, 2 blocks: transformer, single file" in text
+    assert "set model.vae to qwen_image_vae.safetensors" in text
+    assert "set model.text_encoder to qwen_2.5_vl_7b.safetensors" in text

@@ -59,6 +59,18 @@ class QwenFileInfo:
     def trainable(self) -> bool:
         return self.variant == "base"
 
+    def part_lines(self) -> list[str]:
+        """The doctor's lines: what the file holds, the settings that name the rest."""
+        lines = [f"holds: {', '.join(self.parts)}"]
+        for part, setting, name in (("vae", "model.vae", "qwen_image_vae.safetensors"),
+                                    ("qwen25_7b", "model.text_encoder",
+                                     "qwen_2.5_vl_7b.safetensors")):
+            if part not in self.parts:
+                lines.append(f"set {setting} to {name} (Comfy-Org/Qwen-Image_ComfyUI)")
+        if not self.trainable:
+            lines.append(f"{self.label} does not train yet (its control images)")
+        return lines
+
 
 def from_folder(folder: Path, index: dict[str, Any]) -> Optional[str]:
     return "qwen_image" if index.get("_class_name") in PIPELINES else None
