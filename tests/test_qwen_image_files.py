@@ -266,3 +266,19 @@ def test_the_doctor_names_the_parts_a_diffusion_model_file_lacks(split_files):
     assert "Qwen-Image, 2 blocks: transformer, single file" in text
     assert "set model.vae to qwen_image_vae.safetensors" in text
     assert "set model.text_encoder to qwen_2.5_vl_7b.safetensors" in text
+
+
+def test_the_text_encoder_file_loads_into_fp8_storage(split_files):
+    """model.fp8_text_encoders (musubi-tuner's --fp8_vl): Qwen2.5-VL's Linear weights stored in
+    fp8 as they load, the norms, embeddings and vision tower as they are; it still encodes."""
+    root, folder = split_files
+    model = load_base_model(ModelSection(**split_section(root, fp8_text_encoders=True)),
+                            t5_frozen=True)  # the run says so: no text encoder trains
+    layers = model.text_encoder.model.language_model.layers
+    assert layers[0].self_attn.q_proj.weight.dtype == torch.float8_e4m3fn
+    assert layers[0].input_layernorm.weight.dtype == torch.float32
+    assert model.text_encoder.model.visual.blocks[0].attn.qkv.weight.dtype == torch.float32
+    with torch.no_grad():
+        got = family("qwen_image").encode(model, ["a shape"], 0).hidden
+        full = family("qwen_image").encode(folder, ["a shape"], 0).hidden
+    assert got.dtype == full.dtype and torch.allclose(got, full, atol=0.1, rtol=0.1)

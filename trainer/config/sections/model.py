@@ -103,5 +103,6 @@ class ModelSection(Section):
         modes=("lora", "textual_inversion"), label="Base weight precision")
     fp8_text_encoders: bool = setting(
         False, "Store the frozen T5-XXL text encoder in fp8 too (FLUX.1 / SD 3.5: 4.8 GB "
-        "instead of 9.5 GB), cast to the compute precision layer by layer.", advanced=True,
-        families=T5, label="fp8 T5 text encoder")
+        "instead of 9.5 GB; Qwen-Image's Qwen2.5-VL-7B: 8.3 GB instead of 16.6, as "
+        "musubi-tuner's --fp8_vl), cast to the compute precision layer by layer.", advanced=True,
+        families=(*T5, "qwen_image"), label="fp8 text encoder")

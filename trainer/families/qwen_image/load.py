@@ -46,4 +46,4 @@ def load_file(path: Path, section: Any, *, dtype: Any = None, t5_frozen: bool = 
     from trainer.families.qwen_image.single_file import load_qwen_file
 
     return load_qwen_file(path, section, dtype=dtype, defer_denoiser=defer_denoiser,
-                          store=fresh)
+                          store=fresh, text_frozen=t5_frozen)

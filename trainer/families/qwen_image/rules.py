@@ -19,4 +19,7 @@ def problems(cfg: Any, spec: Any, precision: Optional[str] = None) -> list[str]:
         out.append(f"network.train_text_encoder: a {spec.label} LoRA trains the transformer "
                    f"only (as musubi-tuner, ai-toolkit and diffusers' example do; its "
                    f"Qwen2.5-VL encoder's outputs are cached); turn it off")
+    if cfg.model.fp8_text_encoders and cfg.network.train_text_encoder:
+        out.append("model.fp8_text_encoders stores the frozen Qwen2.5-VL in fp8, but "
+                   "network.train_text_encoder trains it; turn one of them off")
     return out

@@ -37,6 +37,9 @@ FILES = {"vae": "qwen_image_vae.safetensors (Comfy-Org/Qwen-Image_ComfyUI, split
                          "split_files/text_encoders)"}
 SETTINGS = {"vae": "model.vae", "text_encoder": "model.text_encoder"}
 TEXT_MARKER = "model.layers.0.self_attn.k_proj.bias"
+# what fp8 text-encoder storage leaves in the compute precision: the norms, the embeddings, the
+# output head and the vision tower (Qwen-Image reads the language model's hidden states only)
+TEXT_SKIP = ("norm", "embed", "lm_head", "visual")
 
 
 def config_root(config_dir: Optional[str], component: str) -> Path:
@@ -129,8 +132,10 @@ def build_vae(weights: Weights, root: Path, dtype: torch.dtype) -> Any:
     return complete(model, "vae", where)
 
 
-def build_text_encoder(weights: Weights, root: Path, dtype: torch.dtype) -> Any:
-    """Qwen2.5-VL from its checkpoint's names (bare, or under ComfyUI's prefix)."""
+def build_text_encoder(weights: Weights, root: Path, dtype: torch.dtype,
+                       fp8: bool = False) -> Any:
+    """Qwen2.5-VL from its checkpoint's names (bare, or under ComfyUI's prefix); with ``fp8``
+    (model.fp8_text_encoders) its Linear weights go into fp8 storage as they arrive."""
     from accelerate import init_empty_weights
     from diffusers.models.model_loading_utils import load_model_dict_into_meta
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
@@ -138,7 +143,7 @@ def build_text_encoder(weights: Weights, root: Path, dtype: torch.dtype) -> Any:
 
     from trainer.families.common.comfy_quant import ComfyQuantReader
     from trainer.families.common.mmdit_parts import _groups
-    from trainer.models.memory import fp8_storage, to_compute_dtype
+    from trainer.models.memory import fp8_storage, store_fp8, to_compute_dtype
     from trainer.models.streamed_load import fill
 
     prefix = _prefix(weights, TEXT_MARKER, ("", TEXT), "text_encoder")
@@ -152,16 +157,21 @@ def build_text_encoder(weights: Weights, root: Path, dtype: torch.dtype) -> Any:
     reader = ComfyQuantReader(weights.path, dtype)  # qwen_2.5_vl_7b_fp8_scaled: fp8 * scale
     wanted = [(ours, prefix + theirs) for theirs, ours in names.items()
               if prefix + theirs in reader.entries]
+    storage = fp8_storage(dtype, TEXT_SKIP)
+    stored = storage.select(model) if fp8 else set()
     try:
         for group in _groups(weights, wanted):
-            fill(model, {n: reader.read(k) for n, k in group}, set(), fp8_storage(dtype),
+            fill(model, {n: reader.read(k) for n, k in group}, stored, storage,
                  load_model_dict_into_meta, dtype=dtype)
     except Exception as exc:  # noqa: BLE001
         raise fail(where, "text_encoder", exc) from None
     if model.config.tie_word_embeddings:
         model.tie_weights()
     to_compute_dtype(model, dtype)
-    return complete(model, "text_encoder", where)
+    model = complete(model, "text_encoder", where)
+    if fp8:
+        store_fp8(model.requires_grad_(False), dtype, TEXT_SKIP)
+    return model
 
 
 def refuse_variant(path: Path, variant: str) -> None:
@@ -204,7 +214,7 @@ def file_info(path: Path) -> QwenFileInfo:
 
 
 def load_qwen_file(path: Path, section: Any, *, dtype: Any = None, defer_denoiser: bool = False,
-                   store: bool = True) -> dict[str, Any]:
+                   store: bool = True, text_frozen: bool = True) -> dict[str, Any]:
     """The BaseModel fields of a Qwen-Image single file and its part files, built in ``dtype``
     (fp8 storage of the transformer with model.base_precision = "fp8" where ``store``);
     ``defer_denoiser``: the transformer is built later by ``build_denoiser(dtype)``."""
@@ -221,7 +231,8 @@ def load_qwen_file(path: Path, section: Any, *, dtype: Any = None, defer_denoise
     vae = build_vae(_source("vae", info, main, section), config_root(section.config_dir, "vae"),
                     dtype)
     encoder = build_text_encoder(_source("text_encoder", info, main, section),
-                                 config_root(section.config_dir, "text_encoder"), dtype)
+                                 config_root(section.config_dir, "text_encoder"), dtype,
+                                 fp8=store and section.fp8_text_encoders and text_frozen)
 
     def later(build_dtype: torch.dtype) -> Any:
         return build_transformer(path, info, root, build_dtype, fp8)
