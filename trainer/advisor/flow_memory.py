@@ -208,6 +208,9 @@ def _to_lists(w: FlowWeights) -> dict[str, Any]:
 def _inputs(config: dict, size: tuple[int, int], batch: int) -> dict[str, Any]:
     w, h = size[0] // 8, size[1] // 8
     text = t5_tokens(config) + clip_tokens(config)
+    own = getattr(_memory(config), "step_inputs", None)  # a transformer without pooled text
+    if own is not None:
+        return own(config, w, h, batch, text)
     meta = dict(device="meta", dtype=torch.bfloat16)
     common = dict(encoder_hidden_states=torch.zeros(batch, text, config["joint_attention_dim"],
                                                     **meta),

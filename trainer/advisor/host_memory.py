@@ -98,9 +98,14 @@ def _folder_parts(root: Path, family: str) -> dict[str, Part]:
     return out
 
 
-def _file_parts(section: Any, path: Path) -> dict[str, Part]:
+def _file_parts(section: Any, path: Path, family: str = "") -> dict[str, Part]:
+    from trainer.families import role
     from trainer.families.common.mmdit_detect import detect_flow_file
 
+    own = getattr(role(family, "memory"), "file_parts", None) if family else None
+    if own is not None:  # a family whose files the MMDiT reader does not read
+        return {part: _count(_header(where), part, prefix)
+                for part, (where, prefix) in own(section, path).items()}
     info = detect_flow_file(path)
     main = _header(path)
     settings = {"vae": section.ae, "clip_l": section.clip_l,
@@ -141,12 +146,13 @@ def model_parts(section: Any, family: str) -> dict[str, Part]:
     where they cannot be read (the loader reports on them); cached per file."""
     path = _root(section)
     stamp = [str(p) + ":" + str(_mtime(p)) for p in
-             (path, section.ae, section.clip_l, getattr(section, "clip_g", None), section.t5xxl)
-             if p]
+             (path, section.ae, section.clip_l, getattr(section, "clip_g", None), section.t5xxl,
+              section.vae, getattr(section, "text_encoder", None)) if p]
 
     def build() -> dict[str, Part]:
         try:
-            return _folder_parts(path, family) if path.is_dir() else _file_parts(section, path)
+            return _folder_parts(path, family) if path.is_dir() else _file_parts(section, path,
+                                                                                   family)
         except (OSError, ValueError):
             return {}
     return cached(json.dumps(["host-parts", family, stamp]), build)
@@ -193,12 +199,11 @@ def held(cfg: Any, parts: dict[str, Part], transformer: int, c: int, name: str,
     fp8_te = cfg.model.fp8_text_encoders and not (cfg.network.train_t5xxl and
                                                    cfg.network.train_text_encoder)
     text = []
-    for part in ("clip_l", "clip_g", "t5xxl"):
-        if part in parts:
-            fp8 = fp8_te and part == "t5xxl"
-            text.append((f"{part}: {_millions(parts[part].params)}"
-                         + (" (fp8 storage)" if fp8 else f" x {name}"),
-                         parts[part].held(c, fp8)))
+    for part in [p for p in parts if p != "vae"]:  # the family's text encoders' slots
+        fp8 = fp8_te and part == "t5xxl"
+        text.append((f"{part}: {_millions(parts[part].params)}"
+                     + (" (fp8 storage)" if fp8 else f" x {name}"),
+                     parts[part].held(c, fp8)))
     vae = parts.get("vae", Part(0))  # unknown where the files cannot be read
     t5 = parts.get("t5xxl", Part(0))
     copies = (f"{name} copies of T5's fp8 layers while it encodes (a feed-forward block)",
@@ -268,14 +273,17 @@ def vae_encode_bytes(config_dir: Path, size: tuple[int, int]) -> int:
         return simulate_encode(sd, size, 1)
 
     def build() -> int:
+        import diffusers
         import torch
-        from diffusers import AutoencoderKL
 
         from trainer.advisor.footprint import FusedAttention, LiveBytes, _storages
 
+        cls = getattr(diffusers, config.get("_class_name", "AutoencoderKL"))
         with torch.device("meta"):
-            vae = AutoencoderKL.from_config(config)
+            vae = cls.from_config(config)
         pixels = torch.zeros(1, 3, size[1], size[0], device="meta")
+        if getattr(vae.config, "temperal_downsample", None) is not None:
+            pixels = pixels.unsqueeze(2)  # a video VAE (Qwen-Image's): one frame
         live = LiveBytes(_storages(vae))
         with torch.no_grad(), FusedAttention(), live:
             vae.encode(pixels).latent_dist.mode()

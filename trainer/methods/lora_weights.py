@@ -216,6 +216,11 @@ class NetworkWeights:
     def __init__(self, cfg: Any, model: Any, components: list[str]):
         self.cfg, self.path = cfg, cfg.network.network_weights
         self.tensors, metadata = read_weights(self.path)
+        from trainer.families import role
+
+        own = getattr(role(model.version, "lora"), "kohya_tensors", None)
+        if own is not None:  # a family whose peers write other forms: read as its kohya form
+            self.tensors = own(self.tensors)
         check_file(self.path, self.tensors, metadata, model.version, cfg.network.network_type)
         self.namers = namers(model, model.version, components)
         self.ranks = file_ranks(self.tensors)

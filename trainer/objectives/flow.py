@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -95,14 +95,30 @@ def image_seq_len(latent_height: int, latent_width: int, patch_size: int = 2) ->
     return (latent_height // patch_size) * (latent_width // patch_size)
 
 
-def flux_mu(seq_len: int) -> float:
+FLUX_SHIFT_LINE = (FLUX_BASE_SEQ_LEN, FLUX_MAX_SEQ_LEN, FLUX_BASE_SHIFT, FLUX_MAX_SHIFT)
+
+
+def flux_mu(seq_len: int, line: Optional[tuple[int, int, float, float]] = None) -> float:
     """FLUX.1's ``mu`` for ``seq_len`` image tokens: linear from 0.5 at 256 tokens to 1.15 at
     4096 (diffusers' ``calculate_shift``, which FluxPipeline uses; sd-scripts'
-    ``get_lin_function(y1=0.5, y2=1.15)``). 512 px: 1024 tokens, mu 0.63; 1024 px: 1.15."""
+    ``get_lin_function(y1=0.5, y2=1.15)``). 512 px: 1024 tokens, mu 0.63; 1024 px: 1.15.
+    ``line``: another model's (base tokens, max tokens, base shift, max shift), its scheduler's
+    dynamic shift (:func:`shift_line`)."""
     from diffusers.pipelines.flux.pipeline_flux import calculate_shift
 
-    return float(calculate_shift(seq_len, FLUX_BASE_SEQ_LEN, FLUX_MAX_SEQ_LEN, FLUX_BASE_SHIFT,
-                                 FLUX_MAX_SHIFT))
+    return float(calculate_shift(seq_len, *(line or FLUX_SHIFT_LINE)))
+
+
+def shift_line(scheduler: Any) -> Optional[tuple[int, int, float, float]]:
+    """The dynamic shift of a model's flow scheduler, where its config has one
+    (``use_dynamic_shifting``: FLUX.1's 256 -> 4096 tokens, 0.5 -> 1.15; Qwen-Image's 256 ->
+    8192, 0.5 -> 0.9, which is musubi-tuner's ``qwen_shift``); None otherwise (FLUX.1's
+    line then applies)."""
+    config = getattr(scheduler, "config", None)
+    if config is None or not config.get("use_dynamic_shifting"):
+        return None
+    return (int(config["base_image_seq_len"]), int(config["max_image_seq_len"]),
+            float(config["base_shift"]), float(config["max_shift"]))
 
 
 @lru_cache(maxsize=8)
@@ -144,14 +160,16 @@ def sample_sigmas(method: str, batch_size: int, *, latent_size: tuple[int, int] 
                   discrete_flow_shift: float = 3.0, sigmoid_scale: float = 1.0,
                   weighting_scheme: str = "none", logit_mean: float = 0.0,
                   logit_std: float = 1.0, mode_scale: float = 1.29,
-                  generator: Optional[torch.Generator] = None) -> torch.Tensor:
+                  generator: Optional[torch.Generator] = None,
+                  line: Optional[tuple[int, int, float, float]] = None) -> torch.Tensor:
     """One sigma per image by sd-scripts' ``--timestep_sampling`` ``method``
     (``get_noisy_model_input_and_timesteps``), drawn on the CPU:
 
     - ``uniform``: U[0, 1); ``sigmoid``: :func:`sigmoid_normal`;
     - ``shift``: :func:`sigmoid_normal`, then :func:`shift_sigmas` by ``discrete_flow_shift``;
     - ``flux_shift``: :func:`sigmoid_normal`, then :func:`time_shift` by :func:`flux_mu` of the
-      latents' (height, width) ``latent_size``, unpacked: larger images get noisier steps;
+      latents' (height, width) ``latent_size``, unpacked: larger images get noisier steps
+      (``line``: the model scheduler's own :func:`shift_line`, else FLUX.1's);
     - ``sigma``: :func:`density_sigmas` (``weighting_scheme``, ``logit_mean`` / ``logit_std``,
       ``mode_scale`` and ``discrete_flow_shift`` matter only here).
     """
@@ -163,7 +181,7 @@ def sample_sigmas(method: str, batch_size: int, *, latent_size: tuple[int, int] 
         return shift_sigmas(sigmoid_normal(batch_size, sigmoid_scale, generator),
                             discrete_flow_shift)
     if method == "flux_shift":
-        mu = flux_mu(image_seq_len(*latent_size))
+        mu = flux_mu(image_seq_len(*latent_size), line)
         return time_shift(sigmoid_normal(batch_size, sigmoid_scale, generator), mu)
     if method == "sigma":
         return density_sigmas(batch_size, weighting_scheme, discrete_flow_shift, logit_mean,

@@ -22,10 +22,13 @@ VALIDATION_SIGMAS = (0.1, 0.3, 0.5, 0.7, 0.9)
 
 
 class FlowObjective:
-    """``settings``: the config's ``flow`` section; ``training``: its ``training`` section."""
+    """``settings``: the config's ``flow`` section; ``training``: its ``training`` section;
+    ``scheduler``: the model's flow scheduler, whose dynamic shift ``flux_shift`` follows (FLUX.1's
+    line without one)."""
 
-    def __init__(self, settings: Any, training: Any):
+    def __init__(self, settings: Any, training: Any, scheduler: Any = None):
         self.flow, self.tr = settings, training
+        self.line = flow.shift_line(scheduler)
 
     def sample_noise(self, latents: torch.Tensor) -> torch.Tensor:
         return torch.randn_like(latents)
@@ -38,7 +41,7 @@ class FlowObjective:
             f.timestep_sampling, latents.shape[0], latent_size=tuple(latents.shape[-2:]),
             discrete_flow_shift=f.discrete_flow_shift, sigmoid_scale=f.sigmoid_scale,
             weighting_scheme=f.weighting_scheme, logit_mean=f.logit_mean,
-            logit_std=f.logit_std, mode_scale=f.mode_scale)
+            logit_std=f.logit_std, mode_scale=f.mode_scale, line=self.line)
         return sigmas.to(latents.device)
 
     def noisy(self, latents: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> torch.Tensor:

@@ -92,4 +92,5 @@ def _call_args(model: Any, cfg: TrainConfig, pipe: Any, spec: Any, i: int) -> di
             "generator": torch.Generator("cpu").manual_seed(seed)}
     if spec.negative_prompt:
         args["negative_prompt"] = spec.negative_prompt
-    return args
+    own = getattr(family_of(model), "sample_arguments", None)  # its pipeline's own names
+    return own(args) if own is not None else args

@@ -71,7 +71,7 @@ def objective_for(model: Any, cfg: TrainConfig) -> Any:
     if spec(model.version).objective == "flow":
         from trainer.objectives.flow_matching import FlowObjective
 
-        return FlowObjective(cfg.flow, cfg.training)
+        return FlowObjective(cfg.flow, cfg.training, getattr(model, "noise_scheduler", None))
     return DDPMObjective(cfg.training, model.noise_scheduler, model.prediction_type)
 
 

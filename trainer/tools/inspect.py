@@ -136,6 +136,10 @@ def family_from_tensors(lora: LoraFile) -> tuple[str, str]:
         dim = lora.embedding["emb_params"].shape[-1]
         return TEXT_WIDTHS.get(dim, "unknown"), f"vectors of width {dim}"
     modules = lora.modules
+    for family in names(denoiser="transformer"):  # layer names only one family has
+        markers = getattr(role(family, "targets"), "MARKERS", ())
+        if markers and any(m in n for n in modules for m in markers):
+            return family, f"{family_label(family)} layer names ({markers[0]}...)"
     for family in names(denoiser="transformer"):  # each family's block names: its targets role
         prefixes = role(family, "targets").BLOCK_PREFIXES
         if any(n.startswith(prefixes) for n in modules):

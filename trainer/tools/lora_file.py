@@ -47,11 +47,13 @@ KINDS = {  # suffix -> network type
 }
 PEFT_SUFFIXES = {"lora_A.weight": "lora_down.weight", "lora_B.weight": "lora_up.weight"}
 PEFT_PREFIXES = {"unet.": "lora_unet", "text_encoder.": "lora_te", "text_encoder_2.": "lora_te2",
-                 "transformer.": "lora_transformer"}  # transformer.*: SD 3.5 (export/sd3_lora)
+                 "transformer.": "lora_transformer",  # transformer.*: SD 3.5 (export/sd3_lora)
+                 "diffusion_model.": "lora_unet"}  # ComfyUI's dotted twin of lora_unet_
 # FLUX.1 (BFL names, export/flux_lora) and SD3 (sd-scripts' joint_blocks) transformers first
 PARTS = (("lora_unet_double_blocks_", "transformer"), ("lora_unet_single_blocks_", "transformer"),
          ("lora_unet_joint_blocks_", "transformer"), ("lora_transformer_", "transformer"),
          ("lycoris_", "transformer"),  # a transformer's LyCORIS (trainer/export/flow_lycoris)
+         ("lora_unet_transformer_blocks_", "transformer"),  # Qwen-Image (diffusers' names)
          ("lora_unet_", "unet"), ("lora_te1_", "te1"), ("lora_te2_", "te2"), ("lora_te3_", "te3"),
          ("lora_te_", "te"))
 EMBEDDING_KEYS = ({"emb_params"}, {"clip_l", "clip_g"})

@@ -24,7 +24,8 @@ def model_lines(path: str) -> list[str]:
              f"  {'':<20}model.model_version = 'auto' reads it as {found.family!r}; train, "
              f"advise and the GUI read it the same way"]
     if found.flow is not None:
-        lines += _parts(found.flow)
+        own = getattr(found.flow, "part_lines", None)  # a family whose file facts say it
+        lines += [f"  {'':<20}{line}" for line in own()] if own else _parts(found.flow)
     return lines
 
 

@@ -24,9 +24,10 @@ EMBEDDED_SD3 = "embedded:tiny-sd3"
 FAMILIES = names()
 DDPM = names(objective="ddpm")  # the DDPM noise and loss options
 FLOW = names(objective="flow")  # the [flow] section
-T5 = tuple(n for n in FLOW if spec(n).has_t5)  # T5's and CLIP-L's files and options
 UNET = names(denoiser="unet")  # the UNet's blocks and convolutions
 SECOND_CLIP = tuple(n for n in FAMILIES if "clip_g" in spec(n).text_encoders)  # CLIP-G
+T5 = tuple(n for n in FAMILIES if "t5xxl" in spec(n).text_encoders)  # T5-XXL (FLUX.1, SD 3.5)
+CLIP_L_FILE = tuple(n for n in FLOW if "clip_l" in spec(n).text_encoders)  # its own file
 EMBEDDED_DATASET = "embedded:sample-dataset"
 
 

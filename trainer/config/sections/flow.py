@@ -31,8 +31,9 @@ class FlowSection(Section):
     timestep_sampling: TimestepSampling = _flow(
         "flux_shift", "Where on the noise line each image is trained: sigma (the weighting "
         "scheme's density), uniform, sigmoid (sigmoid of a normal, times sigmoid_scale), shift "
-        "(sigmoid, then discrete_flow_shift), flux_shift (sigmoid, then FLUX.1's shift for the "
-        "image size). sd-scripts' default: sigma.", advanced=False, label="Timestep sampling")
+        "(sigmoid, then discrete_flow_shift), flux_shift (sigmoid, then the model's shift for the "
+        "image size: FLUX.1's, Qwen-Image's as musubi-tuner's qwen_shift). sd-scripts' default: "
+        "sigma.", advanced=False, label="Timestep sampling")
     discrete_flow_shift: float = _flow(
         3.0, "Shift of the sigmas for timestep_sampling = shift or sigma (sd-scripts' "
         "--discrete_flow_shift, default 3.0; its docs suggest 3.1582 with shift).",

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from trainer.config.sections.base import DDPM, EMBEDDED_MODEL, FAMILIES, FLOW, T5, Section, setting
+from trainer.config.sections.base import (
+    CLIP_L_FILE,
+    DDPM,
+    EMBEDDED_MODEL,
+    FAMILIES,
+    T5,
+    Section,
+    setting,
+)
 from trainer.config.sections.flow import FLOW_MODES
 
 # "auto" or a family of the registry
@@ -32,7 +40,8 @@ class ModelSection(Section):
         families=DDPM,
     )
     vae: Optional[str] = setting(
-        None, "A different VAE (diffusers folder or file) instead of the model's own.",
+        None, "A different VAE (diffusers folder or file) instead of the model's own; "
+        "Qwen-Image: the VAE file (qwen_image_vae.safetensors) for a diffusion-model file.",
         advanced=True, widget="dir",
         label="VAE override",
     )
@@ -63,7 +72,7 @@ class ModelSection(Section):
     clip_l: Optional[str] = setting(
         None, "FLUX.1 / SD 3.5: the CLIP-L text encoder file for a single file without it "
         "(sd-scripts' --clip_l).", advanced=True, widget="file",
-        families=T5, modes=FLOW_MODES, label="CLIP-L file")
+        families=CLIP_L_FILE, modes=FLOW_MODES, label="CLIP-L file")
     clip_g: Optional[str] = setting(
         None, "SD 3.5: the CLIP-G text encoder file for a single file without it "
         "(sd-scripts' --clip_g).", advanced=True, widget="file",
@@ -73,10 +82,11 @@ class ModelSection(Section):
         "(sd-scripts' --t5xxl).", advanced=True, widget="file",
         families=T5, modes=FLOW_MODES, label="T5-XXL file")
     text_encoder: Optional[str] = setting(
-        None, "FLUX.2 klein: the Qwen3 text encoder file (qwen_3_4b.safetensors; "
-        "qwen_3_8b.safetensors for klein 9B) for a transformer-only single file "
-        "(musubi-tuner's --text_encoder).", advanced=True, widget="file",
-        families=("flux2",), modes=FLOW_MODES, label="Text encoder file")
+        None, "FLUX.2 klein, Qwen-Image: the text encoder file for a diffusion-model file "
+        "without it (klein: qwen_3_4b.safetensors, qwen_3_8b.safetensors for 9B; Qwen-Image: "
+        "qwen_2.5_vl_7b.safetensors; musubi-tuner's --text_encoder).", advanced=True,
+        widget="file", families=("flux2", "qwen_image"), modes=FLOW_MODES,
+        label="Text encoder file")
     t5xxl_max_token_length: Optional[int] = setting(
         None, "Tokens of T5 per caption; unset: 512 for FLUX.1-dev, 256 for schnell and "
         "SD 3.5 (sd-scripts' defaults).", advanced=True, ge=1, le=512,
@@ -95,6 +105,7 @@ class ModelSection(Section):
         "inversion only: DreamBooth trains these weights.", advanced=True,
         modes=("lora", "textual_inversion"), label="Base weight precision")
     fp8_text_encoders: bool = setting(
-        False, "Store the frozen T5-XXL text encoder in fp8 too (FLUX.1 / SD 3.5: 4.8 GB "
-        "instead of 9.5 GB; FLUX.2 klein's Qwen3 alike), cast to the compute precision layer "
-        "by layer.", advanced=True, families=FLOW, label="fp8 T5 text encoder")
+        False, "Store the frozen text encoder in fp8 too (FLUX.1 / SD 3.5's T5-XXL: 4.8 GB "
+        "instead of 9.5 GB; Qwen-Image's Qwen2.5-VL-7B: 8.3 GB instead of 16.6, as "
+        "musubi-tuner's --fp8_vl; FLUX.2 klein's Qwen3 alike), cast to the compute precision "
+        "layer by layer.", advanced=True, families=FLOW, label="fp8 text encoder")

@@ -1,0 +1,49 @@
+"""Qwen-Image as the loader reads it: a diffusers folder (``QwenImagePipeline``, through
+diffusers' own ``from_pretrained``), or the split files as ComfyUI users download them
+(:mod:`trainer.families.qwen_image.single_file`). Each function returns the fields of
+:class:`trainer.models.loader.BaseModel`. The edit variants (Edit, 2509, 2511) are named and
+refused: their training (a control image beside the target) is not built yet."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from trainer.families.qwen_image.detect import LABELS, folder_variant
+from trainer.families.qwen_image.single_file import check_version, refuse_variant
+from trainer.families.spec import ModelLoadError
+
+FIELD = "model.pretrained_model_name_or_path"
+
+
+def load_folder(path: Path, section: Any, name: str = "qwen_image") -> dict[str, Any]:
+    """The BaseModel fields of a Qwen-Image diffusers folder."""
+    import diffusers
+
+    index = json.loads((path / "model_index.json").read_text(encoding="utf-8"))
+    config_file = path / "transformer" / "config.json"
+    config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
+    variant = folder_variant(index, config)
+    check_version(path, section, f"a {LABELS[variant]} pipeline")
+    refuse_variant(path, variant)
+    if section.vae:
+        raise ModelLoadError(f"model.vae is set, but {FIELD} is a Qwen-Image folder, whose VAE "
+                             f"is its own; unset model.vae")
+    try:
+        parts = diffusers.QwenImagePipeline.from_pretrained(path, local_files_only=True).components
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(f"{FIELD} = {str(path)!r}: cannot load the diffusers folder "
+                             f"({exc})") from None
+    return dict(denoiser=parts.pop("transformer"), noise_scheduler=parts.pop("scheduler"),
+                **parts, version="qwen_image", variant=variant, prediction_type="flow",
+                source=str(path), name=path.name, description=LABELS[variant])
+
+
+def load_file(path: Path, section: Any, *, dtype: Any = None, t5_frozen: bool = False,
+              defer_denoiser: bool = False, fresh: bool = True) -> dict[str, Any]:
+    """A Qwen-Image single file and its part files (``model.text_encoder``, ``model.vae``)."""
+    from trainer.families.qwen_image.single_file import load_qwen_file
+
+    return load_qwen_file(path, section, dtype=dtype, defer_denoiser=defer_denoiser,
+                          store=fresh, text_frozen=t5_frozen)
