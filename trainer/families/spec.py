@@ -59,6 +59,9 @@ class FamilySpec:
     kohya_version: str = ""
     textual_inversion: bool = True
     lycoris: bool = True
+    # a plain LoRA file continues (network.network_weights with network_type "lora"): always
+    # for a UNet family; a transformer family's lora role reads its own and the peers' files
+    continues_lora: bool = False
 
     @property
     def has_t5(self) -> bool:

@@ -125,7 +125,7 @@ def spec_problems(cfg: Any, family: str) -> list[str]:
     if cfg.mode == "lora" and net.network_type != "lora":
         problems += lycoris_problems(net, s)
     if cfg.mode == "lora" and net.network_type == "lora" and net.network_weights \
-            and s.denoiser == "transformer":
+            and s.denoiser == "transformer" and not s.continues_lora:
         problems.append(f"network.network_weights: continuing a LoRA is not available for "
                         f"{name} yet (the LyCORIS types {', '.join(TRANSFORMER_LYCORIS)} "
                         f"continue from their file); unset it")

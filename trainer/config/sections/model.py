@@ -9,6 +9,7 @@ from trainer.config.sections.base import (
     DDPM,
     EMBEDDED_MODEL,
     FAMILIES,
+    FLOW,
     T5,
     Section,
     setting,
