@@ -395,17 +395,5 @@ def _flow_advice(advice: Advice, cfg: Any, info: Any) -> bool:
     config = flow_transformer_config(cfg.model)
     if config is None:
         return False
-    unadvised = _unadvised(config)
-    if unadvised:  # a family whose memory role says the advisor cannot simulate it yet
-        advice.problems.append(unadvised)
-        return True
     flow_advise(advice, cfg, info, config)
     return True
-
-
-def _unadvised(config: dict) -> Optional[str]:
-    """Why the family of a transformer config has no estimate (its memory role's
-    ``NOT_ADVISED``), or None."""
-    from trainer.advisor.flow_memory import _memory
-
-    return getattr(_memory(config), "NOT_ADVISED", None)

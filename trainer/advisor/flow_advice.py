@@ -175,7 +175,14 @@ def flow_timing(config: dict, cfg: Any, info: Any, precision: str, size: tuple[i
 
 
 def flow_advise(advice: Advice, cfg: Any, info: Any, config: dict) -> None:
-    """Fill ``advice`` for a FLUX.1 / SD 3.5 config on ``info``."""
+    """Fill ``advice`` for a transformer family's config on ``info`` (a family whose memory
+    role says why the advisor cannot simulate it yet, ``NOT_ADVISED``: that reason)."""
+    from trainer.advisor.flow_memory import _memory
+
+    unadvised = getattr(_memory(config), "NOT_ADVISED", None)
+    if unadvised:
+        advice.problems.append(unadvised)
+        return
     side = advice.steps.largest_bucket
     tr, m = cfg.training, cfg.model
     current = FlowOption(m.base_precision, tr.blocks_to_swap, tr.train_batch_size,
