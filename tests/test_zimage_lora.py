@@ -111,7 +111,7 @@ def test_the_file_is_in_comfyuis_native_names_with_nothing_left_over(trained):
     shapes: dict[str, list[int]] = {}  # native weight -> [rows, columns]
     for key, native in comfy_native_keys(dict(transformer.config)).items():
         native = native[0] if isinstance(native, tuple) else native
-        if key in weights and key.endswith(".weight"):
+        if key in weights and weights[key].dim() == 2:
             rows, cols = weights[key].shape
             shapes.setdefault(native, [0, cols])[0] += rows
     for name in names:
