@@ -75,7 +75,6 @@ class DreamBoothMethod(MethodBase):
         transformer + VAE, as those models ship; with every component, ComfyUI's "all in one"
         form, when a text encoder trained) and the diffusers folder."""
         from trainer.export.lora import unwrap
-        from trainer.families.common.mmdit_checkpoint import save_flow_checkpoint
         from trainer.families.sd.pipeline_folder import save_flow_pipeline_folder
 
         transformer = unwrap(model.denoiser)
@@ -86,12 +85,27 @@ class DreamBoothMethod(MethodBase):
         for name, _, _ in family.text_encoders(model):
             components[name] = trained.get(name, getattr(model, name))
         parts = family.checkpoint_parts if trained else family.shipped_parts
-        save_flow_checkpoint(path, components, flow_checkpoint_family(model),
-                             parts=parts, dtype=self.save_dtype)
+        save_flow_file(path, components, model, None, parts, self.save_dtype)
         if final or self.cfg.saving.intermediate_diffusers:
             save_flow_pipeline_folder(path.with_suffix(""), model, transformer, trained,
                                       self.save_dtype)
         return path
+
+
+def save_flow_file(path: Path, components: dict[str, Any], model: Any, metadata: Any,
+                   parts: Any, dtype: Any) -> Path:
+    """The transformer family's single file: its checkpoint role's writer where its folder has
+    one (trainer/families/<folder>/checkpoint.py), else the MMDiT layouts' (FLUX.1, SD 3.x)."""
+    from trainer.families import role
+
+    own = role(model.version, "checkpoint")
+    if own is not None:
+        return own.save_checkpoint(path, components, metadata, parts=parts,
+                                   variant=model.variant, dtype=dtype)
+    from trainer.families.common.mmdit_checkpoint import save_flow_checkpoint
+
+    return save_flow_checkpoint(path, components, flow_checkpoint_family(model), metadata,
+                                parts=parts, dtype=dtype)
 
 
 def flow_checkpoint_family(model: Any) -> str:

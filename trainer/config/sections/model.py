@@ -56,9 +56,9 @@ class ModelSection(Section):
         label="Component config folder",
     )
     ae: Optional[str] = setting(
-        None, "FLUX.1: the autoencoder file (ae.safetensors) for a transformer-only single "
-        "file (sd-scripts' --ae).", advanced=True, widget="file",
-        families=("flux1",), modes=FLOW_MODES, label="Autoencoder file (ae)")
+        None, "FLUX.1 / Z-Image: the autoencoder file (ae.safetensors) for a transformer-only "
+        "single file (sd-scripts' --ae, musubi-tuner's --vae).", advanced=True, widget="file",
+        families=("flux1", "zimage"), modes=FLOW_MODES, label="Autoencoder file (ae)")
     clip_l: Optional[str] = setting(
         None, "FLUX.1 / SD 3.5: the CLIP-L text encoder file for a single file without it "
         "(sd-scripts' --clip_l).", advanced=True, widget="file",
@@ -71,6 +71,10 @@ class ModelSection(Section):
         None, "FLUX.1 / SD 3.5: the T5-XXL text encoder file for a single file without it "
         "(sd-scripts' --t5xxl).", advanced=True, widget="file",
         families=FLOW, modes=FLOW_MODES, label="T5-XXL file")
+    text_encoder: Optional[str] = setting(
+        None, "Z-Image: the Qwen3-4B text encoder file (qwen_3_4b.safetensors) for a "
+        "transformer-only single file (musubi-tuner's --text_encoder).", advanced=True,
+        widget="file", families=("zimage",), modes=FLOW_MODES, label="Text encoder file")
     t5xxl_max_token_length: Optional[int] = setting(
         None, "Tokens of T5 per caption; unset: 512 for FLUX.1-dev, 256 for schnell and "
         "SD 3.5 (sd-scripts' defaults).", advanced=True, ge=1, le=512,

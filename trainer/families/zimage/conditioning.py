@@ -21,9 +21,8 @@ from typing import Any, Optional
 
 import torch
 
+from trainer.families.zimage.detect import MAX_SEQUENCE_LENGTH
 from trainer.models.text_conditioning import TextConditioning
-
-MAX_SEQUENCE_LENGTH = 512  # ZImagePipeline.encode_prompt's max_sequence_length
 
 
 def chat_prompts(tokenizer: Any, captions: list[str]) -> list[str]:

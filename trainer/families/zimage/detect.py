@@ -12,7 +12,7 @@ The transformer's layouts (ComfyUI ``comfy/model_detection.py``; diffusers
 
 ``cap_embedder.1.weight`` is [dim, caption width]: 2560 (Qwen3-4B) is Z-Image, 2304 (Gemma 2)
 Lumina 2, which shares the layout and is not trained here. Turbo and Base have the same keys;
-the file's name says which (``base`` when it names neither ``turbo`` nor a distilled release).
+the file's or folder's name says which (``base`` in it: Base; else Turbo).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ VAE_MARKER = "decoder.conv_in.weight"
 TEXT_MARKER = "model.layers.0.self_attn.q_norm.weight"
 LUMINA2_CAPTION = 2304
 LABELS = {"turbo": "Z-Image Turbo", "base": "Z-Image"}
+MAX_SEQUENCE_LENGTH = 512  # ZImagePipeline.encode_prompt's max_sequence_length
 
 
 @dataclass(frozen=True)
@@ -82,11 +83,12 @@ def transformer_config(tensors: Mapping[str, Any], prefix: str, layout: str) -> 
             "n_refiner_layers": _count(keys, prefix + "noise_refiner.")}
 
 
-def _variant(name: str) -> str:
-    return "turbo" if "turbo" in name.lower() else "base"
+def variant_of(path: Path) -> str:
+    """``turbo`` unless the name says Base (Turbo and Base have the same keys and configs)."""
+    return "base" if "base" in Path(path).name.lower() else "turbo"
 
 
-def header_info(tensors: Mapping[str, Any], name: str = "") -> Optional[ZImageFileInfo]:
+def header_info(tensors: Mapping[str, Any]) -> Optional[ZImageFileInfo]:
     """The file's facts, or None if it holds no Z-Image transformer."""
     keys = set(tensors)
     found = _layout(keys)
@@ -107,8 +109,7 @@ def header_info(tensors: Mapping[str, Any], name: str = "") -> Optional[ZImageFi
         parts.add("qwen3")
     dtype = tensors.get(prefix + "layers.0.feed_forward.w1.weight",
                         tensors[prefix + "cap_embedder.1.weight"])["dtype"]
-    return ZImageFileInfo(layout, prefix, frozenset(parts), dtype, config,
-                          _variant(name) if name else "turbo")
+    return ZImageFileInfo(layout, prefix, frozenset(parts), dtype, config)
 
 
 def from_header(tensors: Mapping[str, Any]) -> Optional[Found]:

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from trainer.families.spec import ModelLoadError
+from trainer.families.zimage.detect import MAX_SEQUENCE_LENGTH, variant_of
 
 FIELD = "model.pretrained_model_name_or_path"
-MAX_SEQUENCE_LENGTH = 512  # ZImagePipeline's max_sequence_length
 
 
 def _check_version(path: Path, section: Any, what: str) -> None:
@@ -19,11 +19,6 @@ def _check_version(path: Path, section: Any, what: str) -> None:
         raise ModelLoadError(f"{FIELD} = {str(path)!r}: model.model_version = "
                              f"{section.model_version!r}, but it is {what}; set it to 'auto' "
                              f"or 'zimage'")
-
-
-def variant_of(path: Path) -> str:
-    """``turbo`` unless the name says Base (Turbo and Base have the same keys and configs)."""
-    return "base" if "base" in path.name.lower() else "turbo"
 
 
 def load_folder(path: Path, section: Any, name: str = "zimage") -> dict[str, Any]:

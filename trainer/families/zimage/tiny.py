@@ -19,7 +19,8 @@ import torch
 
 from trainer.families.common.tiny_mmdit import FLUX_VAE, _flow_vae
 from trainer.families.common.tiny_qwen import build_qwen_tokenizer
-from trainer.families.sd.tiny import TINY_SEED
+
+TINY_SEED = 0  # the tiny twins' seed (trainer/families/sd/tiny.py)
 
 TEXT_WIDTH = 32  # the tiny Qwen3's hidden size = the DiT's cap_feat_dim (2560 in Qwen3-4B)
 DIT_DIM = 32
