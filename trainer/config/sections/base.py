@@ -23,7 +23,9 @@ EMBEDDED_SD3 = "embedded:tiny-sd3"
 # registry; the hints name a group by what its families share
 FAMILIES = names()
 DDPM = names(objective="ddpm")  # the DDPM noise and loss options
-FLOW = names(objective="flow")  # the [flow] section, T5
+FLOW = names(objective="flow")  # the [flow] section
+FLOW_T5 = tuple(n for n in FLOW if spec(n).has_t5)  # T5-XXL's files and options
+FLOW_CLIP_L = tuple(n for n in FLOW if "clip_l" in spec(n).text_encoders)  # CLIP-L's file
 UNET = names(denoiser="unet")  # the UNet's blocks and convolutions
 SECOND_CLIP = tuple(n for n in FAMILIES if "clip_g" in spec(n).text_encoders)  # CLIP-G
 EMBEDDED_DATASET = "embedded:sample-dataset"

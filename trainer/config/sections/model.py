@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from trainer.config.sections.base import DDPM, EMBEDDED_MODEL, FAMILIES, FLOW, Section, setting
+from trainer.config.sections.base import (
+    DDPM,
+    EMBEDDED_MODEL,
+    FAMILIES,
+    FLOW,
+    FLOW_CLIP_L,
+    FLOW_T5,
+    Section,
+    setting,
+)
 from trainer.config.sections.flow import FLOW_MODES
 
 # "auto" or a family of the registry
@@ -62,7 +71,7 @@ class ModelSection(Section):
     clip_l: Optional[str] = setting(
         None, "FLUX.1 / SD 3.5: the CLIP-L text encoder file for a single file without it "
         "(sd-scripts' --clip_l).", advanced=True, widget="file",
-        families=FLOW, modes=FLOW_MODES, label="CLIP-L file")
+        families=FLOW_CLIP_L, modes=FLOW_MODES, label="CLIP-L file")
     clip_g: Optional[str] = setting(
         None, "SD 3.5: the CLIP-G text encoder file for a single file without it "
         "(sd-scripts' --clip_g).", advanced=True, widget="file",
@@ -70,7 +79,7 @@ class ModelSection(Section):
     t5xxl: Optional[str] = setting(
         None, "FLUX.1 / SD 3.5: the T5-XXL text encoder file for a single file without it "
         "(sd-scripts' --t5xxl).", advanced=True, widget="file",
-        families=FLOW, modes=FLOW_MODES, label="T5-XXL file")
+        families=FLOW_T5, modes=FLOW_MODES, label="T5-XXL file")
     text_encoder: Optional[str] = setting(
         None, "Z-Image: the Qwen3-4B text encoder file (qwen_3_4b.safetensors) for a "
         "transformer-only single file (musubi-tuner's --text_encoder).", advanced=True,
@@ -78,7 +87,7 @@ class ModelSection(Section):
     t5xxl_max_token_length: Optional[int] = setting(
         None, "Tokens of T5 per caption; unset: 512 for FLUX.1-dev, 256 for schnell and "
         "SD 3.5 (sd-scripts' defaults).", advanced=True, ge=1, le=512,
-        families=FLOW, modes=FLOW_MODES, label="T5 max tokens")
+        families=FLOW_T5, modes=FLOW_MODES, label="T5 max tokens")
     cache_as_diffusers: bool = setting(
         False, "Keep a diffusers copy of a single-file model in the studio's data folder, "
         "loaded faster next time; off writes nothing.", advanced=True,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from trainer.config.sections.base import FLOW, SECOND_CLIP, UNET, Section, setting
+from trainer.config.sections.base import FLOW_T5, SECOND_CLIP, UNET, Section, setting
 from trainer.config.sections.lora import LoraOptions
 from trainer.config.sections.network_lycoris import NetworkLycoris
 
@@ -28,7 +28,7 @@ class NetworkCore(Section):
     train_t5xxl: bool = setting(
         False, "FLUX.1 / SD 3.5: also train a LoRA on T5-XXL (with the text-encoder learning "
         "rate; needs network.train_text_encoder); its outputs then cannot be cached.",
-        modes=("lora",), advanced=True, families=FLOW, label="Train T5-XXL")
+        modes=("lora",), advanced=True, families=FLOW_T5, label="Train T5-XXL")
     network_dim: int = setting(8, "LoRA rank.", modes=("lora",), ge=1, le=1024,
                                label="Network rank (dim)")
     network_alpha: float = setting(
