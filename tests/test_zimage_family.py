@@ -64,3 +64,43 @@ def test_predict_equals_the_pipelines_transformer_call(model):
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
     # the sign: at sigma 1 (pure noise) the velocity points from the latents to the noise
     assert ours.shape == noisy.shape
+
+
+def test_block_swap_moves_the_main_layers_and_changes_nothing(model):
+    """training.blocks_to_swap on Z-Image: its units are the main ``layers``; each swapped
+    one visits twice a step (forward, recomputation) and the loss and gradients are equal."""
+    from peft import LoraConfig, inject_adapter_in_model
+
+    from trainer.families.zimage.lora import target_modules
+    from trainer.families.zimage.tiny import build_zimage_components
+    from trainer.models.block_swap import BlockSwapper, swap_units
+
+    transformer = build_zimage_components()["transformer"].requires_grad_(False)
+    inject_adapter_in_model(LoraConfig(r=2, target_modules=target_modules(transformer),
+                                       init_lora_weights="gaussian"), transformer)
+    transformer.enable_gradient_checkpointing()
+    transformer.train()
+    gen = torch.Generator().manual_seed(0)
+    noisy = torch.randn(2, 16, 8, 8, generator=gen)
+    text = [torch.randn(5, 32, generator=gen), torch.randn(9, 32, generator=gen)]
+
+    def step():
+        transformer.zero_grad(set_to_none=True)
+        frames = list(noisy.unsqueeze(2).unbind(0))
+        out = transformer(frames, torch.tensor([0.3, 0.7]), text, return_dict=False)[0]
+        loss = torch.stack(out).float().pow(2).mean()
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in transformer.named_parameters()
+                               if p.grad is not None}
+
+    want_loss, want_grads = step()
+    units = swap_units(transformer)
+    assert units == list(transformer.layers)
+    moves: list[tuple[int, str]] = []
+    swapper = BlockSwapper(units, 1, torch.device("cpu"), lambda i, d: moves.append((i, d)))
+    loss, grads = step()
+    seen = list(moves)
+    swapper.remove()  # brings every unit back to the device
+    assert torch.equal(loss, want_loss) and grads.keys() == want_grads.keys() and grads
+    assert all(torch.equal(grads[k], want_grads[k]) for k in grads)
+    assert seen == [(1, "in"), (1, "out"), (1, "in"), (1, "out")], seen
