@@ -88,3 +88,13 @@ def test_a_lora_trains_from_the_split_files(split, tmp_path):
     result = run(cfg, sink)
     assert result.status == "finished", result.error
     assert Path(result.output_path).is_file()
+
+
+def test_doctor_names_the_part_files_a_transformer_file_needs(split):
+    from trainer.tools.model_report import model_lines
+
+    _, files = split
+    text = "\n".join(model_lines(str(files["dit"])))
+    assert "Z-Image Turbo" in text and "holds: transformer" in text
+    assert "set model.ae to ae.safetensors" in text
+    assert "set model.text_encoder to qwen_3_4b.safetensors" in text

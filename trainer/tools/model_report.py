@@ -23,8 +23,9 @@ def model_lines(path: str) -> list[str]:
     lines = [f"{head}{found.description}, {found.layout}",
              f"  {'':<20}model.model_version = 'auto' reads it as {found.family!r}; train, "
              f"advise and the GUI read it the same way"]
-    if found.flow is not None:
-        lines += _parts(found.flow)
+    if found.flow is not None:  # a family's own header record may say its parts itself
+        own = getattr(found.flow, "part_lines", None)
+        lines += own() if own is not None else _parts(found.flow)
     return lines
 
 

@@ -33,6 +33,11 @@ VAE_MARKER = "decoder.conv_in.weight"
 TEXT_MARKER = "model.layers.0.self_attn.q_norm.weight"
 LUMINA2_CAPTION = 2304
 LABELS = {"turbo": "Z-Image Turbo", "base": "Z-Image"}
+PARTS = ("transformer", "vae", "qwen3")
+WHERE = {"vae": "model.ae", "qwen3": "model.text_encoder"}  # the setting of a part not inside
+FILES = {"vae": "ae.safetensors (Comfy-Org/z_image_turbo split_files/vae/, the FLUX.1 "
+                "autoencoder)",
+         "qwen3": "qwen_3_4b.safetensors (Comfy-Org/z_image_turbo split_files/text_encoders/)"}
 MAX_SEQUENCE_LENGTH = 512  # ZImagePipeline.encode_prompt's max_sequence_length
 
 
@@ -46,6 +51,13 @@ class ZImageFileInfo:
     dtype: str  # safetensors' dtype of the transformer's weights ("BF16", "F8_E4M3", ...)
     config: dict[str, Any] = field(default_factory=dict)  # the transformer's, from shapes
     variant: str = "turbo"
+
+    def part_lines(self) -> list[str]:
+        """The doctor's lines on the parts the file holds and the settings of the others."""
+        pad = f"  {'':<20}"
+        lines = [f"{pad}holds: {', '.join(p for p in PARTS if p in self.parts_inside)}"]
+        return lines + [f"{pad}set {WHERE[p]} to {FILES[p]}" for p in PARTS
+                        if p not in self.parts_inside]
 
     @property
     def description(self) -> str:

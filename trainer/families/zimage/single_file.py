@@ -26,15 +26,19 @@ from typing import Any, Optional
 import torch
 
 from trainer.families.spec import ModelLoadError
-from trainer.families.zimage.detect import TEXT_PREFIX, VAE_PREFIX, ZImageFileInfo, header_info
+from trainer.families.zimage.detect import FILES as DETECTED_FILES
+from trainer.families.zimage.detect import (
+    TEXT_PREFIX,
+    VAE_PREFIX,
+    WHERE,
+    ZImageFileInfo,
+    header_info,
+)
 
 FIELD = "model.pretrained_model_name_or_path"
 GROUP_BYTES = 256 * 2**20
 TEXT_MARK = "layers.0.self_attn.q_norm.weight"
-FILES = {"model.ae": "ae.safetensors (Comfy-Org/z_image_turbo split_files/vae/, the FLUX.1 "
-                     "autoencoder)",
-         "model.text_encoder": "qwen_3_4b.safetensors (Comfy-Org/z_image_turbo "
-                               "split_files/text_encoders/)"}
+FILES = {WHERE[part]: file for part, file in DETECTED_FILES.items()}
 
 
 def _reader(path: Path, dtype: torch.dtype) -> Any:
