@@ -136,3 +136,66 @@ def test_diffusers_load_lora_weights_reproduces_the_trained_output(trained, tmp_
     got = outputs(pipe.transformer, fresh)
     assert (want - base).abs().max() > 1e-3  # the LoRA changes the output
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def lora_deltas(transformer) -> dict[str, torch.Tensor]:
+    from peft.tuners.lora import LoraLayer
+
+    return {p: m.get_delta_weight("default").detach() for p, m in transformer.named_modules()
+            if isinstance(m, LoraLayer)}
+
+
+def peer_files(transformer) -> dict[str, dict[str, torch.Tensor]]:
+    """The trained LoRA as each writer writes it: ours (ComfyUI's native names), musubi-tuner's
+    kohya names on diffusers' layers, ai-toolkit's peft keys under ``diffusion_model.`` (no
+    alpha: the scale baked into B) and diffusers' example's under ``transformer.``."""
+    from peft.tuners.lora import LoraLayer
+
+    musubi, toolkit, example = {}, {}, {}
+    for path, m in transformer.named_modules():
+        if not isinstance(m, LoraLayer):
+            continue
+        a, b = m.lora_A["default"].weight.detach(), m.lora_B["default"].weight.detach()
+        name = "lora_unet_" + path.replace(".", "_")
+        musubi.update({f"{name}.lora_down.weight": a, f"{name}.lora_up.weight": b,
+                       f"{name}.alpha": torch.tensor(ALPHA)})
+        scaled = b * m.scaling["default"]
+        toolkit.update({f"diffusion_model.{path}.lora_A.weight": a,
+                        f"diffusion_model.{path}.lora_B.weight": scaled})
+        example.update({f"transformer.{path}.lora_A.weight": a,
+                        f"transformer.{path}.lora_B.weight": scaled})
+    return {"ours": kohya_tensors(transformer, torch.float32), "musubi": musubi,
+            "ai-toolkit": toolkit, "diffusers": example}
+
+
+@pytest.mark.parametrize("writer", ["ours", "musubi", "ai-toolkit", "diffusers"])
+def test_network_weights_continues_from_each_writers_file(trained, writer):
+    """network.network_weights reads the file into a fresh network of the same rank (another
+    alpha) and every layer adds what the trained one did."""
+    from trainer.export.names import kohya_module_name
+    from trainer.methods.lora_weights import file_kind, load_into_lora, own_forms
+
+    transformer = trained["transformer"]
+    tensors = own_forms("zimage", peer_files(transformer)[writer])
+    assert file_kind(list(tensors)) == "lora"
+    fresh = build_zimage_components()["transformer"]
+    fresh.add_adapter(LoraConfig(r=RANK, lora_alpha=16.0, init_lora_weights="gaussian",
+                                 target_modules=target_modules(fresh)))
+    loaded = load_into_lora("file", tensors, fresh, lambda p: kohya_module_name("lora_unet", p))
+    want, got = lora_deltas(transformer), lora_deltas(fresh)
+    assert loaded == len(want) and got.keys() == want.keys()
+    for path in want:
+        torch.testing.assert_close(got[path], want[path], rtol=1e-5, atol=1e-6)
+
+
+def test_tools_inspect_reads_our_and_musubis_files_as_zimage(trained, tmp_path):
+    from trainer.tools.inspect import inspect
+    from trainer.tools.options import InspectOptions
+
+    files = peer_files(trained["transformer"])
+    for writer in ("ours", "musubi"):
+        path = tmp_path / f"{writer}.safetensors"
+        save_file({k: v.contiguous() for k, v in files[writer].items()}, str(path))
+        report = inspect(InspectOptions(path=str(path)))
+        assert report.family == "zimage", (writer, report.family_reason)
+        assert report.modules and report.network_type.startswith("LoRA")

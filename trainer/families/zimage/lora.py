@@ -155,3 +155,56 @@ def save_run_lora(path: Any, tensors: dict[str, torch.Tensor], model: Any, cfg: 
     meta.pop("modelspec.prediction_type", None)
     meta.setdefault("modelspec.sai_model_spec", "1.0.1")
     return save_safetensors_atomic(path, tensors, add_hashes(meta, tensors))
+
+
+# --- network.network_weights: the files the ecosystem writes, as per-layer kohya names ---------
+
+PEFT_PREFIXES = ("diffusion_model.", "transformer.", "base_model.model.")  # ai-toolkit, diffusers
+
+
+def _split_fused(name: str, down: torch.Tensor, up: torch.Tensor, alpha: Optional[torch.Tensor],
+                 out: dict[str, torch.Tensor]) -> None:
+    """A fused ``..._attention_qkv`` as its three layers: with a block-diagonal ``up`` (ours,
+    ComfyUI's converters) each part gets its own rank's rows; otherwise the whole ``down``."""
+    rank, block = down.shape[0], name[: -len("_qkv")]
+    rows, r = up.shape[0] // 3, rank // 3
+    diagonal = rank % 3 == 0 and all(
+        torch.count_nonzero(up[i * rows:(i + 1) * rows])
+        == torch.count_nonzero(up[i * rows:(i + 1) * rows, i * r:(i + 1) * r]) for i in range(3))
+    scale = (float(alpha) if alpha is not None else rank) / rank
+    for i, part in enumerate(("to_q", "to_k", "to_v")):
+        cols = slice(i * r, (i + 1) * r) if diagonal else slice(None)
+        key = f"{block}_{part}"
+        out[key + ".lora_down.weight"] = down[cols]
+        out[key + ".lora_up.weight"] = up[i * rows:(i + 1) * rows, cols]
+        out[key + ".alpha"] = torch.tensor(scale * out[key + ".lora_down.weight"].shape[0])
+
+
+def network_weights_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A Z-Image LoRA file's tensors under the names :mod:`trainer.methods.lora_weights` loads
+    (``lora_unet_`` + each diffusers layer's path): ours and ComfyUI's native ones (fused
+    ``qkv`` split, ``attention_out`` -> ``attention_to_out_0``), musubi-tuner's as they are,
+    ai-toolkit's and diffusers' peft form (``diffusion_model.`` / ``transformer.`` +
+    ``lora_A``/``lora_B``, scale 1: alpha = rank)."""
+    out: dict[str, torch.Tensor] = {}
+    for key, value in tensors.items():
+        for prefix in PEFT_PREFIXES:
+            if key.startswith(prefix) and key.endswith((".lora_A.weight", ".lora_B.weight")):
+                path, _, kind = key[len(prefix):].rpartition(".lora_")
+                name = kohya_module_name(UNET_PREFIX, path)
+                out[f"{name}.lora_{'down' if kind.startswith('A') else 'up'}.weight"] = value
+                if kind.startswith("A"):
+                    out.setdefault(f"{name}.alpha", torch.tensor(float(value.shape[0])))
+                break
+        else:
+            out[key] = value
+    names = {k.split(".")[0] for k in out if k.endswith(".lora_down.weight")}
+    for name in sorted(names):
+        if name.endswith("_attention_qkv"):
+            down, up = out.pop(name + ".lora_down.weight"), out.pop(name + ".lora_up.weight")
+            _split_fused(name, down, up, out.pop(name + ".alpha", None), out)
+        elif name.endswith("_attention_out"):
+            for suffix in (".lora_down.weight", ".lora_up.weight", ".alpha"):
+                if name + suffix in out:
+                    out[name[: -len("_out")] + "_to_out_0" + suffix] = out.pop(name + suffix)
+    return out
