@@ -98,3 +98,14 @@ def test_doctor_names_the_part_files_a_transformer_file_needs(split):
     assert "Z-Image Turbo" in text and "holds: transformer" in text
     assert "set model.ae to ae.safetensors" in text
     assert "set model.text_encoder to qwen_3_4b.safetensors" in text
+
+
+def test_the_advisor_reads_the_transformer_config_of_a_split_file(split):
+    from trainer.advisor.flow_advice import flow_transformer_config
+
+    model, files = split
+    config = flow_transformer_config(section(files))
+    assert config["_class_name"] == "ZImageTransformer2DModel"
+    for key, value in model.denoiser.config.items():
+        if not key.startswith("_"):
+            assert config[key] == (list(value) if isinstance(value, tuple) else value), key

@@ -83,6 +83,11 @@ def flow_transformer_config(section: Any) -> Optional[dict]:
             return None  # the SD readers report on it
     elif not is_flow(section.model_version):
         return None
+    family = section.model_version if section.model_version != "auto" else \
+        detect_path(path).family
+    own = getattr(role(family, "memory"), "file_config", None)  # a family's own file layout
+    if own is not None:
+        return own(path, section)
     info = detect_flow_file(path)  # the config the loader builds the transformer from
     given = Path(section.config_dir).expanduser() / "transformer" / "config.json" \
         if section.config_dir else None

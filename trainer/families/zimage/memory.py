@@ -23,6 +23,21 @@ SHAPES = [(2, 0), (3, 0)]
 FIXED_BLOCKS = 0  # every main layer is a swap unit (trainer/models/block_swap.py)
 
 
+def file_config(path: Any, section: Any) -> dict:
+    """The transformer config a Z-Image single file loads with (its header's widths and depths
+    over ``model.config_dir``'s or the shipped config), as the loader builds it."""
+    from pathlib import Path
+
+    from trainer.families.common.files import read_safetensors_header
+    from trainer.families.zimage.detect import header_info, variant_of
+    from trainer.families.zimage.single_file import transformer_config
+
+    info = header_info(read_safetensors_header(path).tensors)
+    root = Path(section.config_dir).expanduser() if section.config_dir else \
+        ZIMAGE.assets(variant_of(Path(path)))
+    return dict(transformer_config(info, root), _class_name="ZImageTransformer2DModel")
+
+
 def tiny_components() -> dict[str, Any]:
     """The embedded twin's components (``embedded:tiny-zimage``)."""
     from trainer.families.zimage.tiny import build_zimage_components
