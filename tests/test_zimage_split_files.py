@@ -109,3 +109,34 @@ def test_the_advisor_reads_the_transformer_config_of_a_split_file(split):
     for key, value in model.denoiser.config.items():
         if not key.startswith("_"):
             assert config[key] == (list(value) if isinstance(value, tuple) else value), key
+
+
+def test_comfyuis_scaled_fp8_transformer_loads_dequantized(split, tmp_path):
+    """ComfyUI's legacy "scaled fp8" form (``scaled_fp8`` marker, fp8 weights with their
+    ``scale_weight``): each weight loads as ``fp8 * scale`` (ComfyUI's ``convert_weight``)."""
+    from trainer.families.zimage.checkpoint import native_tensors
+
+    model, files = split
+    tensors, expected = {}, {}
+    for key, value in native_tensors(model.denoiser).items():
+        if key.startswith("layers.") and key.endswith(".weight") and value.dim() == 2:
+            scale = value.abs().max().float() / 448.0
+            stored = (value.float() / scale).to(torch.float8_e4m3fn)
+            tensors[key] = stored
+            tensors[key[: -len("weight")] + "scale_weight"] = scale.reshape(())
+            expected[key] = stored.float() * scale
+        else:
+            tensors[key] = value.contiguous()
+    tensors["scaled_fp8"] = torch.empty(0, dtype=torch.float8_e4m3fn)
+    path = tmp_path / "z_image_turbo_fp8_scaled.safetensors"
+    save_file(tensors, str(path))
+    loaded = load_base_model(section(dict(files, dit=path))).denoiser.state_dict()
+    dim = model.denoiser.config.dim
+    for key, want in expected.items():
+        if key.endswith(".attention.qkv.weight"):
+            block = key[: -len("qkv.weight")]
+            got = torch.cat([loaded[f"{block}to_{p}.weight"] for p in "qkv"])
+            assert got.shape == (3 * dim, dim)
+        else:
+            got = loaded[key.replace(".attention.out.", ".attention.to_out.0.")]
+        assert torch.equal(got, want), key
