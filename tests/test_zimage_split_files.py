@@ -140,3 +140,12 @@ def test_comfyuis_scaled_fp8_transformer_loads_dequantized(split, tmp_path):
         else:
             got = loaded[key.replace(".attention.out.", ".attention.to_out.0.")]
         assert torch.equal(got, want), key
+
+
+def test_the_advisor_counts_the_part_files_the_settings_name(split):
+    from trainer.advisor.host_memory import model_parts
+
+    model, files = split
+    parts = model_parts(section(files), "zimage")
+    assert parts["qwen3"].params == sum(p.numel() for p in model.text_encoder.parameters())
+    assert parts["vae"].params == sum(p.numel() for p in model.vae.parameters())

@@ -98,13 +98,13 @@ def _folder_parts(root: Path, family: str) -> dict[str, Part]:
     return out
 
 
-def _file_parts(section: Any, path: Path) -> dict[str, Part]:
-    from trainer.families.common.mmdit_detect import detect_flow_file
+def _file_parts(section: Any, path: Path, family: str) -> dict[str, Part]:
+    from trainer.families import detect_path, spec
 
-    info = detect_flow_file(path)
+    info = detect_path(path).header  # the family's record: its parts' key prefixes
     main = _header(path)
-    settings = {"vae": section.ae, "clip_l": section.clip_l,
-                "clip_g": getattr(section, "clip_g", None), "t5xxl": section.t5xxl}
+    settings = {part: getattr(section, name.split(".", 1)[1], None)
+                for part, name in spec(family).part_settings.items()}
     out = {}
     for part, given in settings.items():
         if given:
@@ -141,12 +141,15 @@ def model_parts(section: Any, family: str) -> dict[str, Part]:
     where they cannot be read (the loader reports on them); cached per file."""
     path = _root(section)
     stamp = [str(p) + ":" + str(_mtime(p)) for p in
-             (path, section.ae, section.clip_l, getattr(section, "clip_g", None), section.t5xxl)
+             (path, section.ae, section.clip_l, getattr(section, "clip_g", None), section.t5xxl,
+              getattr(section, "text_encoder", None))
              if p]
 
     def build() -> dict[str, Part]:
         try:
-            return _folder_parts(path, family) if path.is_dir() else _file_parts(section, path)
+            if path.is_dir():
+                return _folder_parts(path, family)
+            return _file_parts(section, path, family)
         except (OSError, ValueError):
             return {}
     return cached(json.dumps(["host-parts", family, stamp]), build)

@@ -52,6 +52,12 @@ class ZImageFileInfo:
     config: dict[str, Any] = field(default_factory=dict)  # the transformer's, from shapes
     variant: str = "turbo"
 
+    @property
+    def prefixes(self) -> dict[str, str]:
+        """Each part inside -> its key prefix in the file."""
+        where = {"transformer": self.prefix, "vae": VAE_PREFIX, "qwen3": TEXT_PREFIX}
+        return {p: where[p] for p in PARTS if p in self.parts_inside}
+
     def part_lines(self) -> list[str]:
         """The doctor's lines on the parts the file holds and the settings of the others."""
         pad = f"  {'':<20}"
