@@ -111,6 +111,7 @@ def test_legacy_scaled_fp8_dequantizes_exactly(tmp_path):
     assert layout.form == "scaled_fp8"
     assert layout.scales == {f"{k}.weight": f"{k}.scale_weight" for k in quantized}
     assert set(layout.formats.values()) == {"float8_e4m3fn"}
+    assert layout.describe() == "ComfyUI scaled fp8 (float8_e4m3fn: 3 layers)"
     assert layout.dropped == {"scaled_fp8"} | {f"{k}.{s}" for k in quantized
                                               for s in ("scale_weight", "scale_input")}
     out = comfy_quant.load_tensors(path, torch.float32)
@@ -137,6 +138,8 @@ def test_mixed_form_dequantizes_exactly(tmp_path, in_header):
     assert layout.form == "mixed"
     assert layout.formats == {"blocks.0.attn.qkv.weight": "float8_e4m3fn",
                               "blocks.0.mlp.fc1.weight": "float8_e5m2"}
+    assert layout.describe() == ("ComfyUI mixed-precision fp8 (float8_e4m3fn: 1 layers, "
+                                 "float8_e5m2: 1 layers)")
     assert all(layout.scales[f"{k}.weight"] == f"{k}.weight_scale" for k in quantized)
     out = dict(comfy_quant.iter_tensors(path, torch.float32))
     assert set(out) == WEIGHTS
@@ -166,6 +169,7 @@ def test_plain_fp8_file_passes_through(tmp_path):
     save_file(tensors, path)
     layout = read_quant_layout(path)
     assert layout.form == "plain" and not layout.scales and not layout.dropped
+    assert layout.describe() == ""
     out = comfy_quant.load_tensors(path)
     assert out["a.weight"].dtype == E4M3
     assert torch.equal(out["a.weight"].float(), tensors["a.weight"].float())

@@ -229,6 +229,17 @@ class QuantLayout:
         """The header's keys that are weights (in the file's order)."""
         return [k for k in tensors if k not in self.dropped]
 
+    def describe(self) -> str:
+        """For the log: "ComfyUI scaled fp8 (float8_e4m3fn, 12 layers)"; "" for a plain file."""
+        if self.form == "plain":
+            return ""
+        counts: dict[str, int] = {}
+        for fmt in self.formats.values():
+            counts[fmt] = counts.get(fmt, 0) + 1
+        kinds = ", ".join(f"{fmt}: {n} layers" for fmt, n in sorted(counts.items()))
+        name = "scaled fp8" if self.form == "scaled_fp8" else "mixed-precision fp8"
+        return f"ComfyUI {name} ({kinds or 'no layers'})"
+
 
 def _instead(path: Path) -> str:
     """The file to download instead of a 4-bit / mxfp8 one (Comfy-Org's names)."""
