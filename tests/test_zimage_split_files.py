@@ -149,3 +149,11 @@ def test_the_advisor_counts_the_part_files_the_settings_name(split):
     parts = model_parts(section(files), "zimage")
     assert parts["qwen3"].params == sum(p.numel() for p in model.text_encoder.parameters())
     assert parts["vae"].params == sum(p.numel() for p in model.vae.parameters())
+
+
+def test_a_missing_tokenizer_says_how_to_fetch_it(split, monkeypatch, tmp_path):
+    _, files = split
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    bare = section(files).model_copy(update={"tokenizer": None})
+    with pytest.raises(ModelLoadError, match="hf download Tongyi-MAI/Z-Image-Turbo"):
+        load_base_model(bare)

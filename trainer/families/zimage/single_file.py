@@ -148,29 +148,14 @@ def part_file(setting: str, value: Optional[str], what: str) -> Path:
     return found
 
 
-HUB_TOKENIZER = ("Tongyi-MAI/Z-Image-Turbo", "tokenizer")
+def load_tokenizer(section: Any, path: Path, text_file: Path) -> Any:
+    """Qwen3's tokenizer as the Qwen-encoded families find it
+    (:mod:`trainer.families.common.qwen_tokenizers`): ``model.tokenizer``, beside the text
+    encoder's file or the model's, the Hugging Face cache; else the error with the
+    ``hf download`` command."""
+    from trainer.families.common.qwen_tokenizers import load_qwen_tokenizer
 
-
-def load_tokenizer(section: Any, path: Path, root: Path) -> Any:
-    """Qwen3's tokenizer: ``model.tokenizer`` (a folder, or one with ``tokenizer/``), a
-    ``tokenizer/`` beside the file, ``model.config_dir``'s, then the Hugging Face cache of
-    Tongyi-MAI/Z-Image-Turbo."""
-    from transformers import AutoTokenizer
-
-    candidates = [Path(p).expanduser() for p in (section.tokenizer, section.config_dir) if p]
-    candidates.append(path.parent)
-    for folder in candidates:
-        for place in (folder / "tokenizer", folder):
-            if (place / "tokenizer_config.json").is_file():
-                return AutoTokenizer.from_pretrained(str(place), local_files_only=True)
-    try:
-        return AutoTokenizer.from_pretrained(HUB_TOKENIZER[0], subfolder=HUB_TOKENIZER[1],
-                                             local_files_only=True)
-    except (OSError, ValueError):
-        raise ModelLoadError(
-            f"{FIELD} = {str(path)!r}: no Qwen3 tokenizer found (model.tokenizer, a tokenizer/ "
-            f"folder beside the file, the Hugging Face cache); fetch it with `hf download "
-            f"{HUB_TOKENIZER[0]} --include 'tokenizer/*'` or set model.tokenizer") from None
+    return load_qwen_tokenizer("qwen3", section.tokenizer, [text_file, path])
 
 
 def load_single_file(path: Path, section: Any, *, dtype: Any = None, text_frozen: bool = False,
@@ -209,7 +194,7 @@ def load_single_file(path: Path, section: Any, *, dtype: Any = None, text_frozen
         build_denoiser=build if defer_denoiser else None,
         vae=build_vae(Weights(vae_file, "model.ae" if vae_file != path else FIELD), vae_prefix,
                       root, dtype),
-        text_encoder=text_encoder, tokenizer=load_tokenizer(section, path, root),
+        text_encoder=text_encoder, tokenizer=load_tokenizer(section, path, text_file),
         noise_scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(
             str(root / "scheduler"), local_files_only=True),
         version="zimage", variant=variant, prediction_type="flow", source=str(path),
