@@ -214,6 +214,15 @@ def flow_advise(advice: Advice, cfg: Any, info: Any, config: dict) -> None:
         f"{side[0]}x{side[1]} px", option.changes(), saves=advice.memory.peak - memory.peak))
 
 
+def _text_width(config: dict, family: str) -> int:
+    """The width of the cached text features: the family's memory role's, else the
+    transformer's joint attention input (FLUX.1's and SD 3.5's T5 width)."""
+    from trainer.families import role
+
+    own = getattr(role(family, "memory"), "text_width", None)
+    return own(config) if own is not None else config["joint_attention_dim"]
+
+
 def _phases(advice: Advice, cfg: Any, info: Any, config: dict, option: FlowOption,
             c: int) -> None:
     """The RAM and the device phase by phase (:mod:`trainer.advisor.host_memory`); on the CPU
@@ -228,7 +237,7 @@ def _phases(advice: Advice, cfg: Any, info: Any, config: dict, option: FlowOptio
     text = text_tokens(config, cfg)
     held = hm.held(cfg, parts, weight_bytes(w, option.base, None, c), c,
                    "fp32" if c == 4 else "bf16", max(advice.steps.images, 1), text,
-                   config["joint_attention_dim"])
+                   _text_width(config, family))
     assets = spec(family).assets(role(family, "memory").VARIANT)
     encode = hm.vae_encode_bytes(hm.vae_config_root(cfg.model, assets),
                                  advice.steps.largest_bucket)

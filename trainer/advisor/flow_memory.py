@@ -89,8 +89,10 @@ def _shapes(config: dict) -> list[tuple[int, int]]:
 
 
 def t5_tokens(config: dict) -> int:
-    """T5's length at which the family's laws are made (FLUX.1-dev's 512, SD 3.5's 256)."""
-    return _memory(config).T5_TOKENS
+    """T5's length at which the family's laws are made (FLUX.1-dev's 512, SD 3.5's 256); a
+    family without T5 gives its text tokens of a step (``TEXT_TOKENS``: Z-Image's Qwen3)."""
+    memory = _memory(config)
+    return memory.T5_TOKENS or memory.TEXT_TOKENS
 
 
 def clip_tokens(config: dict) -> int:
@@ -99,6 +101,9 @@ def clip_tokens(config: dict) -> int:
 
 
 def _block_counts(config: dict) -> tuple[int, int]:
+    own = getattr(_memory(config), "block_counts", None)  # a family's own names of them
+    if own is not None:
+        return own(config)
     return config["num_layers"], config.get("num_single_layers", 0)
 
 
@@ -208,9 +213,9 @@ def _to_lists(w: FlowWeights) -> dict[str, Any]:
 def _inputs(config: dict, size: tuple[int, int], batch: int) -> dict[str, Any]:
     w, h = size[0] // 8, size[1] // 8
     text = t5_tokens(config) + clip_tokens(config)
-    own = getattr(_memory(config), "step_inputs", None)  # a transformer without pooled text
+    own = getattr(_memory(config), "step_inputs", None)  # a transformer of other arguments
     if own is not None:
-        return own(config, w, h, batch, text)
+        return dict(own(config, w, h, batch, text), return_dict=False)
     meta = dict(device="meta", dtype=torch.bfloat16)
     common = dict(encoder_hidden_states=torch.zeros(batch, text, config["joint_attention_dim"],
                                                     **meta),
@@ -236,6 +241,8 @@ def _simulate(model: torch.nn.Module, config: dict, size: tuple[int, int], batch
     live = LiveBytes(ignore, record=record)
     with FusedAttention(), live:
         out = model(**inputs)[0]
+        if isinstance(out, (list, tuple)):  # one output per image (Z-Image)
+            out = torch.stack(list(out))
         out.float().pow(2).mean().backward()
         del out
     live.record = None  # what is freed later is not this step's

@@ -98,18 +98,17 @@ def _folder_parts(root: Path, family: str) -> dict[str, Part]:
     return out
 
 
-def _file_parts(section: Any, path: Path, family: str = "") -> dict[str, Part]:
-    from trainer.families import role
-    from trainer.families.common.mmdit_detect import detect_flow_file
+def _file_parts(section: Any, path: Path, family: str) -> dict[str, Part]:
+    from trainer.families import detect_path, role, spec
 
-    own = getattr(role(family, "memory"), "file_parts", None) if family else None
-    if own is not None:  # a family whose files the MMDiT reader does not read
+    own = getattr(role(family, "memory"), "file_parts", None)
+    if own is not None:  # a family that says where its file's parts are itself
         return {part: _count(_header(where), part, prefix)
                 for part, (where, prefix) in own(section, path).items()}
-    info = detect_flow_file(path)
+    info = detect_path(path).header  # the family's record: its parts' key prefixes
     main = _header(path)
-    settings = {"vae": section.ae, "clip_l": section.clip_l,
-                "clip_g": getattr(section, "clip_g", None), "t5xxl": section.t5xxl}
+    settings = {part: getattr(section, name.split(".", 1)[1], None)
+                for part, name in spec(family).part_settings.items()}
     out = {}
     for part, given in settings.items():
         if given:
@@ -151,8 +150,9 @@ def model_parts(section: Any, family: str) -> dict[str, Part]:
 
     def build() -> dict[str, Part]:
         try:
-            return _folder_parts(path, family) if path.is_dir() else _file_parts(section, path,
-                                                                                   family)
+            if path.is_dir():
+                return _folder_parts(path, family)
+            return _file_parts(section, path, family)
         except (OSError, ValueError):
             return {}
     return cached(json.dumps(["host-parts", family, stamp]), build)

@@ -39,7 +39,7 @@ FAMILIES = TRAINER / "assets" / "families"
 CODE = ("advisor/footprint.py", "advisor/law.py", "advisor/law_keys.py",
         "advisor/live_bytes.py", "advisor/flow_memory.py", "families/sd/memory.py",
         "families/sdxl/memory.py", "families/flux/memory.py", "families/sd3/memory.py",
-        "families/qwen_image/memory.py")
+        "families/qwen_image/memory.py", "families/zimage/memory.py")
 # the embedded models' builders, whose configs embedded.json holds (paths under trainer/)
 UNET_BUILDER = "families/sd/tiny.py"
 FLOW_BUILDER = "families/common/tiny_mmdit.py"

@@ -74,6 +74,16 @@ def file_family(keys: list[str], metadata: dict[str, str]) -> Optional[str]:
     return None
 
 
+def own_forms(version: str, tensors: dict) -> dict:
+    """The file's tensors as the family's lora role reads its peers' forms (fused layers,
+    peft keys) into per-layer kohya names, where it does (``network_weights_tensors``)."""
+    from trainer.families import FAMILIES, role
+
+    lora = role(version, "lora") if version in FAMILIES else None
+    convert = getattr(lora, "network_weights_tensors", None)
+    return convert(tensors) if convert is not None else tensors
+
+
 def file_kind(keys: list[str]) -> str:
     """lora (lora_down/up), loha, lokr, ia3, or the LyCORIS tensor names it has."""
     text = " ".join(keys)
@@ -216,11 +226,7 @@ class NetworkWeights:
     def __init__(self, cfg: Any, model: Any, components: list[str]):
         self.cfg, self.path = cfg, cfg.network.network_weights
         self.tensors, metadata = read_weights(self.path)
-        from trainer.families import role
-
-        own = getattr(role(model.version, "lora"), "kohya_tensors", None)
-        if own is not None:  # a family whose peers write other forms: read as its kohya form
-            self.tensors = own(self.tensors)
+        self.tensors = own_forms(model.version, self.tensors)
         check_file(self.path, self.tensors, metadata, model.version, cfg.network.network_type)
         self.namers = namers(model, model.version, components)
         self.ranks = file_ranks(self.tensors)

@@ -1,7 +1,7 @@
 """Block swap (``training.blocks_to_swap``): some of the denoiser's blocks live in host memory.
 
 The units are the modules that diffusers' gradient checkpointing runs one at a time: the
-transformer blocks of FLUX.1 / SD 3.5 (double then single), the ResNet and attention modules
+transformer blocks of FLUX.1 / SD 3.5 (double then single), Z-Image's main ``layers``, the ResNet and attention modules
 of a UNet's down, mid and up blocks. The last ``n`` of them in forward order keep their frozen
 weights in host memory (pinned on CUDA, unit by unit: the unpinned weights go as each unit is
 pinned) and visit the device twice a step:
@@ -34,6 +34,8 @@ def swap_units(denoiser: torch.nn.Module) -> list[torch.nn.Module]:
     if hasattr(denoiser, "transformer_blocks"):
         return list(denoiser.transformer_blocks) + list(
             getattr(denoiser, "single_transformer_blocks", None) or [])
+    if isinstance(getattr(denoiser, "layers", None), torch.nn.ModuleList):
+        return list(denoiser.layers)  # a single-stream DiT's main layers (Z-Image)
     units: list[torch.nn.Module] = []
     blocks = list(denoiser.down_blocks) + [denoiser.mid_block] + list(denoiser.up_blocks)
     for block in blocks:

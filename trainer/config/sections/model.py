@@ -66,10 +66,10 @@ class ModelSection(Section):
         label="Component config folder",
     )
     ae: Optional[str] = setting(
-        None, "FLUX.1 / FLUX.2: the autoencoder file (ae.safetensors, "
+        None, "FLUX.1 / FLUX.2 / Z-Image: the autoencoder file (ae.safetensors; FLUX.2: "
         "flux2-vae.safetensors) for a transformer-only single file (sd-scripts' --ae, "
         "musubi-tuner's --vae).", advanced=True, widget="file",
-        families=("flux1", "flux2"), modes=FLOW_MODES, label="Autoencoder file (ae)")
+        families=("flux1", "flux2", "zimage"), modes=FLOW_MODES, label="Autoencoder file (ae)")
     clip_l: Optional[str] = setting(
         None, "FLUX.1 / SD 3.5: the CLIP-L text encoder file for a single file without it "
         "(sd-scripts' --clip_l).", advanced=True, widget="file",
@@ -83,11 +83,11 @@ class ModelSection(Section):
         "(sd-scripts' --t5xxl).", advanced=True, widget="file",
         families=T5, modes=FLOW_MODES, label="T5-XXL file")
     text_encoder: Optional[str] = setting(
-        None, "FLUX.2 klein, Qwen-Image: the text encoder file for a diffusion-model file "
-        "without it (klein: qwen_3_4b.safetensors, qwen_3_8b.safetensors for 9B; Qwen-Image: "
-        "qwen_2.5_vl_7b.safetensors; musubi-tuner's --text_encoder).", advanced=True,
-        widget="file", families=("flux2", "qwen_image"), modes=FLOW_MODES,
-        label="Text encoder file")
+        None, "FLUX.2 klein, Qwen-Image, Z-Image: the text encoder file for a diffusion-model "
+        "file without it (klein: qwen_3_4b.safetensors, qwen_3_8b.safetensors for 9B; "
+        "Qwen-Image: qwen_2.5_vl_7b.safetensors; Z-Image: qwen_3_4b.safetensors; "
+        "musubi-tuner's --text_encoder).", advanced=True, widget="file",
+        families=("flux2", "qwen_image", "zimage"), modes=FLOW_MODES, label="Text encoder file")
     t5xxl_max_token_length: Optional[int] = setting(
         None, "Tokens of T5 per caption; unset: 512 for FLUX.1-dev, 256 for schnell and "
         "SD 3.5 (sd-scripts' defaults).", advanced=True, ge=1, le=512,

@@ -126,7 +126,7 @@ PEFT_PREFIXES = ("diffusion_model.", "transformer.")
 PEFT_SUFFIXES = {".lora_A.weight": ".lora_down.weight", ".lora_B.weight": ".lora_up.weight"}
 
 
-def kohya_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def network_weights_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A Qwen-Image LoRA file's tensors in the kohya form this studio and musubi-tuner write
     (``network.network_weights`` reads them so): the PEFT forms renamed, with ``alpha`` = rank
     where the file has none (their scale 1); kohya keys as they are."""
