@@ -75,7 +75,6 @@ class DreamBoothMethod(MethodBase):
         transformer + VAE, as those models ship; with every component, ComfyUI's "all in one"
         form, when a text encoder trained) and the diffusers folder."""
         from trainer.export.lora import unwrap
-        from trainer.families.common.mmdit_checkpoint import save_flow_checkpoint
         from trainer.families.sd.pipeline_folder import save_flow_pipeline_folder
 
         transformer = unwrap(model.denoiser)
@@ -86,8 +85,8 @@ class DreamBoothMethod(MethodBase):
         for name, _, _ in family.text_encoders(model):
             components[name] = trained.get(name, getattr(model, name))
         parts = family.checkpoint_parts if trained else family.shipped_parts
-        save_flow_checkpoint(path, components, flow_checkpoint_family(model),
-                             parts=parts, dtype=self.save_dtype)
+        flow_checkpoint_writer(model)(path, components, flow_checkpoint_family(model),
+                                      parts=parts, dtype=self.save_dtype)
         if final or self.cfg.saving.intermediate_diffusers:
             save_flow_pipeline_folder(path.with_suffix(""), model, transformer, trained,
                                       self.save_dtype)
@@ -98,3 +97,13 @@ def flow_checkpoint_family(model: Any) -> str:
     """trainer/families/common/mmdit_checkpoint.py's family name of a loaded FLUX.1 / SD 3.x
     model (``flux1-dev``, ``sd35-large``)."""
     return family_of(model).checkpoint_name(model.variant)
+
+
+def flow_checkpoint_writer(model: Any) -> Any:
+    """The writer of a transformer family's single file: its ``checkpoint`` role's
+    ``save_checkpoint`` where it has one, else the MMDiT layouts' (FLUX.1, SD 3.x)."""
+    from trainer.families import role
+    from trainer.families.common.mmdit_checkpoint import save_flow_checkpoint
+
+    own = role(model.version, "checkpoint")
+    return own.save_checkpoint if own is not None else save_flow_checkpoint

@@ -134,9 +134,12 @@ def save_flow_merged(model: Any, opts: MergeOptions, metadata: dict[str, str],
     holds what the model ships as (FLUX.1 the transformer, SD 3.5 the transformer and the VAE),
     and every component when a text encoder was merged, as DreamBooth writes it."""
     from trainer.families import family_of
-    from trainer.families.common.mmdit_checkpoint import save_flow_checkpoint
     from trainer.families.sd.pipeline_folder import save_flow_pipeline_folder
-    from trainer.methods.dreambooth import FLOW_PARTS, flow_checkpoint_family
+    from trainer.methods.dreambooth import (
+        FLOW_PARTS,
+        flow_checkpoint_family,
+        flow_checkpoint_writer,
+    )
 
     dtype, outputs = DTYPES[opts.precision], []
     encoders = {name: enc for name, enc, _ in family_of(model).text_encoders(model)}
@@ -145,8 +148,9 @@ def save_flow_merged(model: Any, opts: MergeOptions, metadata: dict[str, str],
         # default of trainer/families/common/mmdit_checkpoint.py's flow_state_dict)
         parts = FLOW_PARTS[model.version] if text_merged else None
         components = {"transformer": model.denoiser, "vae": model.vae, **encoders}
-        save_flow_checkpoint(Path(opts.save_to).expanduser(), components,
-                             flow_checkpoint_family(model), metadata, parts=parts, dtype=dtype)
+        flow_checkpoint_writer(model)(Path(opts.save_to).expanduser(), components,
+                                      flow_checkpoint_family(model), metadata, parts=parts,
+                                      dtype=dtype)
         outputs.append(opts.save_to)
     if opts.save_folder:
         save_flow_pipeline_folder(Path(opts.save_folder).expanduser(), model, model.denoiser,

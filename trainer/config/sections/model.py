@@ -56,19 +56,19 @@ class ModelSection(Section):
         label="Component config folder",
     )
     ae: Optional[str] = setting(
-        None, "FLUX.1: the autoencoder file (ae.safetensors) for a transformer-only single "
-        "file (sd-scripts' --ae).", advanced=True, widget="file",
-        families=("flux1",), modes=FLOW_MODES, label="Autoencoder file (ae)")
+        None, "FLUX.1 / Chroma: the autoencoder file (ae.safetensors) for a transformer-only "
+        "single file (sd-scripts' --ae).", advanced=True, widget="file",
+        families=("flux1", "chroma"), modes=FLOW_MODES, label="Autoencoder file (ae)")
     clip_l: Optional[str] = setting(
         None, "FLUX.1 / SD 3.5: the CLIP-L text encoder file for a single file without it "
         "(sd-scripts' --clip_l).", advanced=True, widget="file",
-        families=FLOW, modes=FLOW_MODES, label="CLIP-L file")
+        families=("flux1", "sd3"), modes=FLOW_MODES, label="CLIP-L file")
     clip_g: Optional[str] = setting(
         None, "SD 3.5: the CLIP-G text encoder file for a single file without it "
         "(sd-scripts' --clip_g).", advanced=True, widget="file",
         families=("sd3",), modes=FLOW_MODES, label="CLIP-G file")
     t5xxl: Optional[str] = setting(
-        None, "FLUX.1 / SD 3.5: the T5-XXL text encoder file for a single file without it "
+        None, "FLUX.1 / SD 3.5 / Chroma: the T5-XXL text encoder file for a single file without it "
         "(sd-scripts' --t5xxl).", advanced=True, widget="file",
         families=FLOW, modes=FLOW_MODES, label="T5-XXL file")
     t5xxl_max_token_length: Optional[int] = setting(
