@@ -103,3 +103,132 @@ def test_a_batch_of_two_lengths_is_each_caption_alone(model):
     finally:
         model.denoiser.disable_gradient_checkpointing()
     torch.testing.assert_close(checkpointed, alone, atol=1e-5, rtol=1e-5)
+
+
+# --- the single file in Black Forest Labs' layout ---------------------------------------------
+
+
+def test_the_shipped_config_is_chroma1s_8_9b():
+    import json
+
+    from accelerate import init_empty_weights
+    from diffusers import ChromaTransformer2DModel
+
+    from trainer.families import spec
+
+    config = json.loads((spec("chroma").assets() / "transformer" / "config.json").read_text())
+    with init_empty_weights():
+        transformer = ChromaTransformer2DModel.from_config(config)
+    assert round(sum(p.numel() for p in transformer.parameters()) / 1e9, 2) == 8.90
+
+
+def test_our_layout_is_what_diffusers_and_comfyui_read():
+    """A Chroma of the released width (two blocks of each kind, on the meta device) written
+    by our writer is consumed whole by diffusers' reader
+    (``convert_chroma_transformer_checkpoint_to_diffusers``) into the model's own keys and
+    shapes, and carries ComfyUI's Chroma markers (``model_detection.py``)."""
+    import json
+
+    from accelerate import init_empty_weights
+    from diffusers import ChromaTransformer2DModel
+    from diffusers.loaders.single_file_utils import (
+        convert_chroma_transformer_checkpoint_to_diffusers,
+    )
+
+    from trainer.families import spec
+    from trainer.families.chroma.checkpoint import chroma_tensors
+
+    config = json.loads((spec("chroma").assets() / "transformer" / "config.json").read_text())
+    with init_empty_weights():
+        transformer = ChromaTransformer2DModel.from_config(
+            dict(config, num_layers=2, num_single_layers=2))
+    written = chroma_tensors(transformer)
+    for key in ("double_blocks.0.img_attn.norm.key_norm.scale",
+                "distilled_guidance_layer.norms.0.scale", "distilled_guidance_layer.in_proj.bias",
+                "double_blocks.1.txt_attn.qkv.weight", "single_blocks.1.linear1.weight",
+                "final_layer.linear.weight", "img_in.weight", "txt_in.weight"):
+        assert key in written, key
+    assert not any(k.endswith(("img_mod.lin.weight", "modulation.lin.weight")) or
+                   k.startswith(("vector_in", "guidance_in", "time_in")) for k in written)
+    given = dict(written)
+    converted = convert_chroma_transformer_checkpoint_to_diffusers(given)
+    assert given == {}  # the reader used every tensor
+    expected = transformer.state_dict()
+    assert converted.keys() == expected.keys()
+    assert all(converted[k].shape == expected[k].shape for k in expected)
+
+
+def test_flux1_detection_does_not_claim_a_chroma_file(model, tmp_path):
+    from trainer.families.chroma.checkpoint import save_checkpoint
+    from trainer.families.common.mmdit_detect import detect_flow_file
+    from trainer.families.spec import DetectionError
+
+    path = save_checkpoint(tmp_path / "Chroma1-HD.safetensors", {"transformer": model.denoiser})
+    found = detect_path(path)
+    assert (found.family, found.header.variant) == ("chroma", "hd")
+    assert found.header.transformer_config["approximator_layers"] == 2
+    with pytest.raises(DetectionError, match="it is Chroma"):
+        detect_flow_file(path)  # FLUX.1's reader: not a FLUX.1 file
+
+
+def _part_files(model, folder):
+    from safetensors.torch import save_file
+
+    from trainer.families.common.mmdit_checkpoint import t5_tensors, vae_tensors
+
+    ae, t5 = folder / "ae.safetensors", folder / "t5xxl_fp16.safetensors"
+    save_file({k: v.contiguous() for k, v in vae_tensors(model.vae).items()}, str(ae))
+    save_file({k: v.contiguous() for k, v in t5_tensors(model.text_encoder).items()}, str(t5))
+    return ae, t5
+
+
+def test_a_transformer_only_file_loads_with_its_ae_and_t5_files(model, tmp_path):
+    from trainer.families.chroma.checkpoint import save_checkpoint
+    from trainer.families.spec import ModelLoadError
+
+    base = resolve_model_path("embedded:tiny-chroma")
+    path = save_checkpoint(tmp_path / "Chroma1-HD.safetensors", {"transformer": model.denoiser})
+    ae, t5 = _part_files(model, tmp_path)
+    with pytest.raises(ModelLoadError, match="model.ae .*model.t5xxl"):
+        load_base_model(ModelSection(pretrained_model_name_or_path=str(path),
+                                     config_dir=str(base), tokenizer=str(base)))
+    loaded = load_base_model(ModelSection(
+        pretrained_model_name_or_path=str(path), ae=str(ae), t5xxl=str(t5),
+        config_dir=str(base), tokenizer=str(base)), dtype=torch.bfloat16)
+    assert loaded.version == "chroma" and loaded.denoiser.dtype == torch.bfloat16
+    for ours, theirs in ((loaded.denoiser, model.denoiser), (loaded.vae, model.vae),
+                         (loaded.text_encoder, model.text_encoder)):
+        got, want = ours.state_dict(), theirs.state_dict()
+        assert got.keys() == want.keys()
+        assert all(torch.equal(got[k], want[k].to(got[k].dtype)) for k in want)
+
+
+def test_an_fp8_file_streams_into_fp8_storage(model, tmp_path):
+    from trainer.families.chroma.checkpoint import save_checkpoint
+
+    base = resolve_model_path("embedded:tiny-chroma")
+    path = save_checkpoint(tmp_path / "chroma_fp8.safetensors", {"transformer": model.denoiser},
+                           dtype=torch.float8_e4m3fn)
+    ae, t5 = _part_files(model, tmp_path)
+    loaded = load_base_model(ModelSection(
+        pretrained_model_name_or_path=str(path), ae=str(ae), t5xxl=str(t5),
+        config_dir=str(base), tokenizer=str(base), base_precision="fp8"), dtype=torch.bfloat16)
+    weight = loaded.denoiser.transformer_blocks[0].attn.to_q.weight
+    assert weight.dtype == torch.float8_e4m3fn
+    want = model.denoiser.transformer_blocks[0].attn.to_q.weight.to(torch.float8_e4m3fn)
+    assert torch.equal(weight.view(torch.uint8), want.view(torch.uint8))
+
+
+def test_a_comfyui_scaled_fp8_file_is_refused_with_what_to_use(model, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from trainer.families.chroma.checkpoint import save_checkpoint
+    from trainer.families.spec import ModelLoadError
+
+    path = save_checkpoint(tmp_path / "Chroma1-HD-fp8mixed.safetensors",
+                           {"transformer": model.denoiser}, dtype=torch.float8_e4m3fn)
+    tensors = load_file(str(path))
+    tensors["img_in.scale_weight"] = torch.ones(())
+    save_file(tensors, str(path))
+    with pytest.raises(ModelLoadError, match="scaled fp8.*Chroma1-HD.safetensors"):
+        load_base_model(ModelSection(pretrained_model_name_or_path=str(path)))
