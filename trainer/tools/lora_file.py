@@ -47,7 +47,8 @@ KINDS = {  # suffix -> network type
 }
 PEFT_SUFFIXES = {"lora_A.weight": "lora_down.weight", "lora_B.weight": "lora_up.weight"}
 PEFT_PREFIXES = {"unet.": "lora_unet", "text_encoder.": "lora_te", "text_encoder_2.": "lora_te2",
-                 "transformer.": "lora_transformer"}  # transformer.*: SD 3.5 (export/sd3_lora)
+                 "transformer.": "lora_transformer",  # transformer.*: SD 3.5 (export/sd3_lora)
+                 "diffusion_model.": "lora_unet"}  # ai-toolkit's BFL-named FLUX / Chroma files
 # FLUX.1 (BFL names, export/flux_lora) and SD3 (sd-scripts' joint_blocks) transformers first
 PARTS = (("lora_unet_double_blocks_", "transformer"), ("lora_unet_single_blocks_", "transformer"),
          ("lora_unet_joint_blocks_", "transformer"), ("lora_transformer_", "transformer"),
