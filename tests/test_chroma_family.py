@@ -232,3 +232,37 @@ def test_a_comfyui_scaled_fp8_file_is_refused_with_what_to_use(model, tmp_path):
     save_file(tensors, str(path))
     with pytest.raises(ModelLoadError, match="scaled fp8.*Chroma1-HD.safetensors"):
         load_base_model(ModelSection(pretrained_model_name_or_path=str(path)))
+
+
+@pytest.mark.parametrize("setting, named", [
+    ({"flow": {"guidance_scale": 3.5}}, "flow.guidance_scale"),
+    ({"training": {"mixed_precision": "fp16"}}, "fp16"),
+    ({"model": {"clip_l": "/m/clip_l.safetensors"}}, "model.clip_l"),
+])
+def test_what_chroma_cannot_ask_is_refused_naming_the_setting(setting, named):
+    from trainer.config.files import ConfigError, from_dict
+
+    raw = {"model": {"pretrained_model_name_or_path": "embedded:tiny-chroma"}}
+    for section, values in setting.items():
+        raw.setdefault(section, {}).update(values)
+    with pytest.raises(ConfigError, match=named):
+        from_dict(raw)
+
+
+def test_the_advisors_flow_law_of_chroma_equals_its_small_models(monkeypatch, tmp_path):
+    """The advisor simulates Chroma's small models (no pooled text input) and its law of the
+    size equals the whole simulation (trainer/families/chroma/memory.py)."""
+    from trainer.advisor import flow_memory as fm
+    from trainer.advisor import shipped
+    from trainer.advisor.make_shipped import flow_config
+    from trainer.config.files import from_dict
+
+    monkeypatch.setenv("KOHYA_STUDIO_HOME", str(tmp_path / "home"))
+    monkeypatch.setitem(shipped._LOADED, "index", {})
+    config = flow_config("embedded:tiny-chroma")
+    cfg = from_dict({"network": {"network_dim": 4}})
+    for blocks in fm._shapes(config):
+        got = fm.flow_law(config, blocks, cfg, True, 2)
+        assert got is not None and got.inexact == 0
+        whole = fm._simulate(fm._small_model(config, blocks, cfg), config, (96, 64), 2, True)
+        assert got.peak((2, 4, 6, 4, 1)) == whole
