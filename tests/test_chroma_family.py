@@ -160,15 +160,22 @@ def test_our_layout_is_what_diffusers_and_comfyui_read():
 
 def test_flux1_detection_does_not_claim_a_chroma_file(model, tmp_path):
     from trainer.families.chroma.checkpoint import save_checkpoint
-    from trainer.families.common.mmdit_detect import detect_flow_file
+    from trainer.families.common.files import read_safetensors_header
+    from trainer.families.common.mmdit_detect import detect_flow, detect_flow_file
+    from trainer.families.flux import detect as flux_detect
     from trainer.families.spec import DetectionError
 
     path = save_checkpoint(tmp_path / "Chroma1-HD.safetensors", {"transformer": model.denoiser})
     found = detect_path(path)
     assert (found.family, found.header.variant) == ("chroma", "hd")
     assert found.header.transformer_config["approximator_layers"] == 2
+    tensors = read_safetensors_header(path).tensors
+    with pytest.raises(DetectionError, match="it is Chroma"):  # FLUX.1's reader
+        detect_flow(tensors.keys(), lambda k: tuple(tensors[k]["shape"]),
+                    lambda k: tensors[k]["dtype"])
     with pytest.raises(DetectionError, match="it is Chroma"):
-        detect_flow_file(path)  # FLUX.1's reader: not a FLUX.1 file
+        flux_detect.from_header(tensors)
+    assert detect_flow_file(path).version == "chroma"  # the advisor's reader: Chroma's facts
 
 
 def _part_files(model, folder):

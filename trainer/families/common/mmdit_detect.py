@@ -256,9 +256,17 @@ def header_config(info: FlowFileInfo) -> dict[str, Any]:
 
 def detect_flow_file(path: str | Path) -> FlowFileInfo:
     """:func:`detect_flow` of a ``.safetensors`` file: its header only, read without torch (the
-    advisor, the GUI and the doctor ask too), no weight is read."""
+    advisor, the GUI and the doctor ask too), no weight is read; another transformer family's
+    file (Chroma's) gives its own detection's facts, a record of the same fields."""
+    from trainer.families import file_family
     from trainer.families.common.files import read_safetensors_header
 
+    try:
+        found = file_family(Path(path))
+    except DetectionError:
+        found = None
+    if found is not None and isinstance(found.header, FlowFileInfo):
+        return found.header
     tensors = read_safetensors_header(path).tensors
     return detect_flow(tensors.keys(), lambda k: tuple(tensors[k]["shape"]),
                        lambda k: tensors[k]["dtype"])
