@@ -24,7 +24,12 @@ def model():
 
 @pytest.fixture(scope="module")
 def pipe(model):
-    return family("chroma").pipeline(model, model.denoiser, model.noise_scheduler)
+    """diffusers' own ChromaPipeline over the tiny twin."""
+    from diffusers import ChromaPipeline
+
+    return ChromaPipeline(scheduler=model.noise_scheduler, vae=model.vae,
+                          text_encoder=model.text_encoder, tokenizer=model.tokenizer,
+                          transformer=model.denoiser)
 
 
 def test_the_embedded_twin_loads_as_chroma(model):
@@ -60,9 +65,10 @@ def _pipeline_call(pipe, caption: str) -> dict:
 
 
 def test_predict_is_the_pipelines_transformer_call(model, pipe):
-    """The same inputs as the pipeline's call: packed latents, ids, the sigma as timestep and
-    the pipeline's mask positions, given as a boolean mask (the pipeline's float 0/1 tensor is
-    added to the attention scores instead: diffusers issue #12116)."""
+    """The same inputs as the pipeline's call (packed latents, ids, the sigma as timestep) and
+    the pipeline's mask positions, as a boolean mask: the transformer reads the text trimmed to
+    them (the pipeline's float 0/1 tensor is added to the attention scores instead: diffusers
+    issue #12116)."""
     fam = family("chroma")
     seen = _pipeline_call(pipe, CAPTIONS[0])
     with torch.no_grad():  # as the pipeline encodes
@@ -74,8 +80,40 @@ def test_predict_is_the_pipelines_transformer_call(model, pipe):
         reference = model.denoiser(**dict(seen, attention_mask=seen["attention_mask"].bool()))[0]
         latents = pipe._unpack_latents(seen["hidden_states"], 64, 64, pipe.vae_scale_factor)
         ours = fam.predict(model, latents, seen["timestep"], text, None)
+        buggy = model.denoiser(**seen)[0]
     expected = pipe._unpack_latents(reference, 64, 64, pipe.vae_scale_factor)
     torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
+    assert (pipe._unpack_latents(buggy, 64, 64, pipe.vae_scale_factor) - ours).abs().max() > 1e-3
+
+
+def test_the_samples_pipeline_gives_the_transformer_the_trimmed_prompt(model):
+    """The studio's pipeline (diffusers' loop, CFG and scheduler) hands the transformer each
+    prompt's real tokens and one padding token, and the negative prompt's own: its call is
+    :meth:`predict`'s."""
+    fam = family("chroma")
+    ours = fam.pipeline(model, model.denoiser, model.noise_scheduler)
+    assert type(ours).__name__ == "ChromaPipeline"
+    calls: list[dict] = []
+    handle = model.denoiser.register_forward_pre_hook(
+        lambda module, args, kwargs: calls.append(dict(kwargs)), with_kwargs=True)
+    try:
+        ours(CAPTIONS[1], negative_prompt="blurry", num_inference_steps=1, guidance_scale=4.0,
+             height=64, width=64, output_type="latent",
+             generator=torch.Generator().manual_seed(0))
+    finally:
+        handle.remove()
+    with torch.no_grad():
+        texts = [fam.encode(model, [c], 1) for c in (CAPTIONS[1], "blurry")]
+    assert len(calls) == 2
+    for seen, text in zip(calls, texts):
+        assert torch.equal(seen["encoder_hidden_states"], text.rows()[0][None])
+        assert bool(seen["attention_mask"].all())
+        with torch.no_grad():
+            out = model.denoiser(**seen)[0]
+            latents = ours._unpack_latents(seen["hidden_states"], 64, 64, ours.vae_scale_factor)
+            expected = ours._unpack_latents(out, 64, 64, ours.vae_scale_factor)
+            got = fam.predict(model, latents, seen["timestep"], text, None)
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
 def test_a_batch_of_two_lengths_is_each_caption_alone(model):

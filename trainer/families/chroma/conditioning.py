@@ -9,18 +9,23 @@
 - **Denoiser**: the latents packed into 2x2 patches (``img_ids`` their rows and columns,
   ``txt_ids`` zeros) and the sigma as the timestep (the pipeline passes ``t / 1000``); the
   modulations come from the timestep alone through the approximator (no guidance input, no
-  pooled text). The mask reaches the transformer as a **boolean** mask over the text tokens and
-  ones over the image tokens. diffusers 0.42.1's pipeline passes the same positions as a float
-  0/1 tensor, which ``scaled_dot_product_attention`` adds to the scores instead of masking
-  (diffusers issue #12116); sd-scripts' Chroma trims each caption to its length + 1 and attends
-  with no mask at all, which is what a boolean mask computes. A batch whose captions have one
-  length is trimmed to it and runs with no mask; a batch of several lengths runs with the mask,
-  and, where diffusers' gradient checkpointing would drop the mask in the single blocks
-  (``ChromaTransformer2DModel.forward`` does not pass it there), one caption at a time.
+  pooled text). The text reaches it as sd-scripts' Chroma gives it: each caption trimmed to its
+  real tokens and its one padding token, attended with no mask at all. A batch of one length
+  runs as one call; a batch of several lengths runs a caption at a time (sd-scripts' Chroma
+  attends a sample at a time too), since a boolean mask leaves the padding rows with nothing to
+  attend to (NaN where a kernel does not guard them), and diffusers' gradient checkpointing
+  drops the mask in the single blocks anyway.
+- **The pipeline**: diffusers 0.42.1's ``ChromaPipeline`` builds the mask of those positions
+  but hands it to the transformer as a float 0/1 tensor, which ``scaled_dot_product_attention``
+  adds to the scores instead of masking (diffusers issue #12116). The samples use it with each
+  prompt trimmed to its real tokens and one padding token (:func:`pipeline_class`), where the
+  mask is all ones and adds the same to every score: what Chroma reads, with diffusers' own
+  denoising loop, CFG and scheduler.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any, Optional
 
 import torch
@@ -72,7 +77,7 @@ class ChromaFamily:
                 text: TextConditioning, size_ids: Optional[torch.Tensor], cfg: Any = None,
                 denoiser: Any = None) -> torch.Tensor:
         """The transformer's output for ``noisy`` [B, C, h, w] at sigmas ``t`` [B], unpacked
-        back to the latents' shape (see the module's notes on the mask)."""
+        back to the latents' shape (see the module's notes on the text's lengths)."""
         from diffusers import ChromaPipeline
 
         transformer = denoiser if denoiser is not None else model.denoiser
@@ -82,47 +87,46 @@ class ChromaFamily:
                                                            noisy.dtype)
         t = t.to(noisy.dtype)
         lengths = text.lengths()
-        if len(set(lengths)) > 1 and _drops_mask(transformer):
+        if len(set(lengths)) > 1:  # a caption at a time, each its own length (see above)
             out = torch.cat([_call(transformer, packed[i:i + 1], t[i:i + 1],
-                                   text.hidden[i:i + 1, :n], img_ids, None)
+                                   text.hidden[i:i + 1, :n], img_ids)
                              for i, n in enumerate(lengths)])
         else:
-            longest = max(lengths)
-            mask = None
-            if len(set(lengths)) > 1:
-                ones = torch.ones(b, packed.shape[1], dtype=torch.bool, device=noisy.device)
-                mask = torch.cat([text.mask[:, :longest].bool(), ones], dim=1)
-            out = _call(transformer, packed, t, text.hidden[:, :longest], img_ids, mask)
+            out = _call(transformer, packed, t, text.hidden[:, :lengths[0]], img_ids)
         return ChromaPipeline._unpack_latents(out, h, w, 1)
 
     def pipeline(self, model: Any, denoiser: Any, scheduler: Any) -> Any:
-        from diffusers import ChromaPipeline
-
-        return ChromaPipeline(scheduler=scheduler, vae=model.vae, text_encoder=model.text_encoder,
-                              tokenizer=model.tokenizer, transformer=denoiser)
+        return pipeline_class()(scheduler=scheduler, vae=model.vae,
+                                text_encoder=model.text_encoder, tokenizer=model.tokenizer,
+                                transformer=denoiser)
 
     def added_conditioning(self, text: TextConditioning, size_ids: Optional[torch.Tensor]):
         return None
 
 
 def _call(transformer: Any, packed: torch.Tensor, t: torch.Tensor, hidden: torch.Tensor,
-          img_ids: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
-    """One transformer call as ChromaPipeline makes it (the timestep is the sigma)."""
+          img_ids: torch.Tensor) -> torch.Tensor:
+    """One transformer call as ChromaPipeline makes it (the timestep is the sigma), on text
+    without padding to mask."""
     txt_ids = torch.zeros(hidden.shape[1], 3, device=packed.device, dtype=packed.dtype)
     return transformer(hidden_states=packed, timestep=t, encoder_hidden_states=hidden,
-                       txt_ids=txt_ids, img_ids=img_ids, attention_mask=mask,
-                       return_dict=False)[0]
+                       txt_ids=txt_ids, img_ids=img_ids, return_dict=False)[0]
 
 
-def _drops_mask(transformer: Any) -> bool:
-    """Whether this call runs diffusers' gradient checkpointing, whose single blocks are
-    called without the attention mask."""
-    inner = transformer
-    while hasattr(inner, "module") and isinstance(inner.module, torch.nn.Module):
-        inner = inner.module  # DDP / accelerate wrappers
-    base = getattr(inner, "base_model", None)  # a peft model
-    inner = getattr(base, "model", inner) if base is not None else inner
-    return torch.is_grad_enabled() and bool(getattr(inner, "gradient_checkpointing", False))
+@lru_cache(maxsize=1)
+def pipeline_class() -> Any:
+    """diffusers' ChromaPipeline whose prompts (and negative prompts) reach the transformer
+    trimmed to the longest of them: a prompt's real tokens and its one padding token (see the
+    module's notes). Named as diffusers' class, so the folders it saves name diffusers'."""
+    from diffusers import ChromaPipeline as DiffusersChromaPipeline
+
+    class ChromaPipeline(DiffusersChromaPipeline):
+        def _get_t5_prompt_embeds(self, *args: Any, **kwargs: Any):
+            embeds, mask = super()._get_t5_prompt_embeds(*args, **kwargs)
+            longest = int(mask.sum(dim=1).max())
+            return embeds[:, :longest], mask[:, :longest]
+
+    return ChromaPipeline
 
 
 def family(name: str = "chroma", guidance: Optional[float] = None) -> ChromaFamily:
