@@ -18,7 +18,10 @@ holds the fused module's LoRA (:func:`fuse_lora`): ``lora_down`` the parts' ``lo
 on the rank axis, ``lora_up`` their ``lora_B`` block-diagonal, ``alpha`` = scale x R: the same
 update, exactly. T5 (the pipeline's only text encoder) is named ``lora_te1_`` + its
 transformers path: ComfyUI numbers the text encoders it holds, and Chroma's first and only is
-T5 (``comfy/lora.py``'s ``t5xxl.transformer.`` keys -> ``lora_te1_``).
+T5 (``comfy/lora.py``'s ``t5xxl.transformer.`` keys -> ``lora_te1_``; sd-scripts' ``lora_te3_``
+T5 keys are "not loaded" there). diffusers' FLUX converter reads ``lora_te1_`` as CLIP-L and
+refuses such a file (and drops ``lora_te3_``): a LoRA for diffusers trains the transformer
+alone, which is the default (``network.train_text_encoder`` off).
 """
 
 from __future__ import annotations
