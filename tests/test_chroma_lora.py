@@ -156,3 +156,32 @@ def test_the_tools_read_sd_scripts_and_ai_toolkit_chroma_loras(tmp_path):
         modules = {k.rsplit(".", 2)[0] if k.startswith("diffusion_model.") else k.split(".")[0]
                    for k in lora}
         assert merged.loras[0].applied == len(modules), name
+
+
+def test_resize_and_extract_write_chroma_loras_in_its_form(tmp_path):
+    """resize keeps the file's kohya names (the fused layers' pieces reduced each), extract
+    from a merged model names every changed layer as the family's LoRA does."""
+    from safetensors.torch import load_file
+
+    from trainer.families.common.mmdit_lora_file import FlowLoraInfo, save_flow_lora
+    from trainer.tools.extract import extract
+    from trainer.tools.inspect import inspect
+    from trainer.tools.merge import merge
+    from trainer.tools.options import ExtractOptions, InspectOptions, MergeOptions, ResizeOptions
+    from trainer.tools.resize import resize
+
+    model = adapted(fresh())
+    lora = save_flow_lora(tmp_path / "lora.safetensors",
+                          run_state_dict(model.denoiser, {}, torch.float32),
+                          FlowLoraInfo("chroma", "hd"))
+    names = modules_of(load_file(str(lora)))
+    resize(ResizeOptions(path=str(lora), save_to=str(tmp_path / "r.safetensors"), rank=2))
+    assert modules_of(load_file(str(tmp_path / "r.safetensors"))) == names
+    base = resolve_model_path("embedded:tiny-chroma")
+    merge(MergeOptions(base=str(base), loras=[str(lora)], save_folder=str(tmp_path / "tuned"),
+                       precision="fp32"))
+    extract(ExtractOptions(base=str(base), tuned=str(tmp_path / "tuned"), rank=RANK * 4,
+                           save_to=str(tmp_path / "x.safetensors"), precision="fp32"))
+    assert modules_of(load_file(str(tmp_path / "x.safetensors"))) == names
+    for path in ("r.safetensors", "x.safetensors"):
+        assert inspect(InspectOptions(path=str(tmp_path / path))).family == "chroma"
