@@ -58,7 +58,7 @@ def load_file(path: Path, section: Any, *, dtype: Any = None, t5_frozen: bool = 
     from diffusers import FlowMatchEulerDiscreteScheduler
 
     from trainer.families.chroma import single_file as sf
-    from trainer.families.common.mmdit_parts import Weights
+    from trainer.families.common.mmdit_parts import Weights, build_vae
     from trainer.families.common.mmdit_tokenizers import load_t5, locate
 
     dtype = dtype or torch.float32
@@ -80,8 +80,8 @@ def load_file(path: Path, section: Any, *, dtype: Any = None, t5_frozen: bool = 
         sf.transformer_root(info, conf, stack)  # a config it cannot build fails now
     found = sf.sources(info, main, {"vae": section.ae, "t5xxl": section.t5xxl})
     weights, prefix = found["vae"]
-    parts["vae"] = sf.build_vae(weights, sf.vae_prefix(weights) if prefix is None else prefix,
-                                sf.config_root(conf, "vae"), dtype)
+    parts["vae"] = build_vae(weights, sf.vae_prefix(weights) if prefix is None else prefix,
+                             sf.config_root(conf, "vae"), dtype)
     weights, prefix = found["t5xxl"]
     parts["text_encoder"] = sf.build_t5(weights, prefix, info, conf, dtype,
                                         fresh and section.fp8_text_encoders and t5_frozen)

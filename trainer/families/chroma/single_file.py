@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 
@@ -33,7 +34,6 @@ from trainer.families.common.mmdit_detect import FILES, VAE_PREFIXES
 from trainer.families.common.mmdit_parts import (
     Weights,
     build_text_encoder,
-    build_vae,
     complete,
     fail,
     text_prefix,
