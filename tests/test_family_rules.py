@@ -94,7 +94,7 @@ def test_a_checkpoint_of_unknown_family_is_checked_once_loaded():
      r"network.train_text_encoder_2 is set but FLUX.1 does not read it \(SDXL / SD 3.5 only\)"),
     (SD3, {"network": {"dylora_unit": 4}}, "network.dylora_unit is set but SD 3.5"),
     (FLUX, {"network": {"network_weights": "/l.safetensors"}},
-     "network.network_weights is set but FLUX.1"),
+     "network.network_weights: continuing a LoRA is not available for FLUX.1"),
     # an optimizer option
     ({}, {"optimizer": {"text_encoder_2_lr": 1e-5}},
      "optimizer.text_encoder_2_lr is set but SD 1.x does not read it"),

@@ -9,6 +9,7 @@ the subset, its dataset, ``[general]``, the run's ``dataset`` section (sd-script
 then the built-in default. Differences (docs/dataset_toml.md): fine-tuning subsets and a few
 options are refused by name; every ``batch_size`` must equal ``training.train_batch_size``; a
 relative ``image_dir`` is read from the TOML's folder; ``cache_info`` is accepted and ignored.
+musubi-tuner's image-dataset TOML is read too, converted to this form (trainer/data/musubi_toml.py).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from trainer.config import DatasetSection, TrainingSection
 from trainer.data.buckets import BucketSpec
 from trainer.data.captions import CaptionOptions
 from trainer.data.discover import Candidate, ConceptFolder, SubsetOptions, scan_folder
+from trainer.data.errors import DatasetTomlError
+from trainer.data.musubi_toml import as_sd_scripts
 
 FIELD = "dataset.dataset_config"
 
@@ -61,14 +64,6 @@ UNSUPPORTED = {  # sd-scripts' options that this trainer does not have, and what
     "validation_seed": "the held-out images follow training.seed; remove it",
 }
 MAX_REPEATS = 100_000
-
-
-class DatasetTomlError(ValueError):
-    """A dataset TOML that cannot be used; ``problems`` names every bad key."""
-
-    def __init__(self, problems: list[str], path: Path) -> None:
-        self.problems = list(problems)
-        super().__init__(f"{path}: " + "; ".join(self.problems))
 
 
 @dataclass(frozen=True)
@@ -158,15 +153,17 @@ def _tables(value: Any, name: str, table: str, problems: list[str]) -> list[dict
 
 
 def read_toml(path: Path) -> dict[str, Any]:
-    """The raw TOML of ``path``; a missing or broken file raises DatasetTomlError."""
+    """The raw TOML of ``path`` in sd-scripts' form (musubi-tuner's form converted to it,
+    trainer/data/musubi_toml.py); a missing or broken file raises DatasetTomlError."""
     from trainer.config import files as config_io
 
     if not path.exists():
         raise DatasetTomlError(["file not found; check dataset.dataset_config"], path)
     try:  # the size, UTF-8, TOML, nesting and number checks of every config file
-        return config_io.load_toml_text(config_io.read_config_text(path), str(path))
+        raw = config_io.load_toml_text(config_io.read_config_text(path), str(path))
     except config_io.ConfigError as exc:
         raise DatasetTomlError(exc.problems, path) from None
+    return as_sd_scripts(raw, path)
 
 
 def _validated(raw: dict[str, Any], problems: list[str]) -> tuple[dict, list[dict]]:

@@ -5,7 +5,8 @@
 - :mod:`trainer.export.hashes`: ``sshs_model_hash`` / ``sshs_legacy_hash`` and file hashes.
 - :mod:`trainer.export.embedding`: textual-inversion embeddings (``emb_params``).
 - :mod:`trainer.export.lycoris`: LyCORIS files (``lycoris.kohya``);
-  :mod:`trainer.export.lycoris_args`: their network arguments.
+  :mod:`trainer.export.lycoris_args`: their network arguments;
+  :mod:`trainer.export.flow_lycoris`: a transformer family's (``lycoris_<diffusers path>``).
 - :mod:`trainer.export.names`: module names as the files name them, shared by the writers.
 
 What is one family's own (its single-file checkpoint, its LoRA key forms) is in that family's

@@ -244,13 +244,39 @@ class NetworkWeights:
 
 def load_lycoris_weights(cfg: Any, model: Any, loras: list[Any], encoders: list[str]) -> int:
     """network_weights for the LyCORIS types: each module's tensors under the name
-    :mod:`trainer.export.lycoris` writes it with."""
-    from trainer.export.lycoris import _module_places
-    from trainer.export.metadata import lora_naming
-
+    :mod:`trainer.export.lycoris` (a transformer family's: trainer/export/flow_lycoris.py)
+    writes it with."""
     path = cfg.network.network_weights
     tensors, metadata = read_weights(path)
     check_file(path, tensors, metadata, model.version, cfg.network.network_type)
+    names = _flow_lycoris_names(model, loras, encoders)
+    if names is None:
+        names = _unet_lycoris_names(model, loras, encoders)
+    loaded = load_into_lycoris(path, tensors, loras, names)
+    if not loaded:
+        raise WeightsFileError(f"network.network_weights = {path!r}: none of its modules is a "
+                               f"module of this network")
+    return loaded
+
+
+def _flow_lycoris_names(model: Any, loras: list[Any], encoders: list[str]
+                        ) -> Optional[dict[int, str]]:
+    """A transformer family's names of the modules (its lora role's, as
+    trainer/export/flow_lycoris.py writes them); None for a UNet family."""
+    from trainer.families import spec
+
+    if spec(model.version).denoiser != "transformer":
+        return None
+    from trainer.export.flow_lycoris import TRANSFORMER, lycoris_names
+
+    roots = [(TRANSFORMER, model.denoiser)] + [(n, getattr(model, n)) for n in encoders]
+    return lycoris_names(model.version, loras, roots)
+
+
+def _unet_lycoris_names(model: Any, loras: list[Any], encoders: list[str]) -> dict[int, str]:
+    from trainer.export.lycoris import _module_places
+    from trainer.export.metadata import lora_naming
+
     naming = lora_naming(model.version)
     prefixes = {"text_encoder_2": "lora_te2", **naming.TE_PREFIXES}
     roots = [("lora_unet", model.denoiser, naming.unet_rename(model.denoiser))]
@@ -263,8 +289,4 @@ def load_lycoris_weights(cfg: Any, model: Any, loras: list[Any], encoders: list[
             prefix, module_path, rename = place
             names[id(lora)] = kohya_module_name(prefix, rename(module_path) if rename
                                                 else module_path)
-    loaded = load_into_lycoris(path, tensors, loras, names)
-    if not loaded:
-        raise WeightsFileError(f"network.network_weights = {path!r}: none of its modules is a "
-                               f"module of this network")
-    return loaded
+    return names

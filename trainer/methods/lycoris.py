@@ -1,6 +1,12 @@
 """LyCORIS adapters (LoCon, LoHa, LoKr, IA3, DoRA, GLoRA, BOFT, Diag-OFT) through the
 lycoris-lora package.
 
+On a transformer family (FLUX.1, SD 3.5, ...: ``FamilySpec.lycoris``) the adapters go on exactly
+the modules of the family's LoRA (its lora role's ``target_modules``, by full path:
+:func:`~trainer.methods.lycoris_presets.transformer_preset`) and the file names them by its
+``lycoris_module_name`` (trainer/export/flow_lycoris.py says why and what reads it). The rest
+of this note is the UNet families'.
+
 The network is the one sd-scripts builds with ``--network_module=lycoris.kohya``:
 ``LycorisNetworkKohya`` finds the modules by their block's class (``Transformer2DModel``,
 ``ResnetBlock2D``, ``Downsample2D``, ``Upsample2D`` in the UNet; ``CLIPAttention`` and
@@ -24,7 +30,7 @@ them as any trained parameter. The file is written by :mod:`trainer.export.lycor
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -81,16 +87,22 @@ def network_kwargs(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def build_network(cfg: TrainConfig, unet: torch.nn.Module,
-                  text_encoders: list[torch.nn.Module]) -> Any:
-    """The lycoris network over ``unet`` and ``text_encoders`` (not applied yet)."""
+                  text_encoders: list[torch.nn.Module],
+                  targets: Optional[list[str]] = None) -> Any:
+    """The lycoris network over ``unet`` and ``text_encoders`` (not applied yet); ``targets``:
+    a transformer's module paths (its family's LoRA targets), else the UNet's preset."""
     from lycoris.kohya import LycorisNetworkKohya
 
     encoders: Any = text_encoders if len(text_encoders) > 1 else (
         text_encoders[0] if text_encoders else None)
-    from trainer.methods.lycoris_presets import sd_preset
+    from trainer.methods.lycoris_presets import sd_preset, transformer_preset
 
     net = cfg.network
-    preset = IA3_PRESET if net.network_type == "ia3" else sd_preset(net.lycoris_preset or "full")
+    if targets is not None:
+        preset = transformer_preset(targets)
+    else:
+        preset = IA3_PRESET if net.network_type == "ia3" else sd_preset(
+            net.lycoris_preset or "full")
     kwargs = network_kwargs(cfg)
     if next(unet.parameters()).is_meta:
         # trainer/advisor/footprint.py's weightless model: DoRA's scale is the norm of each weight's
@@ -99,6 +111,22 @@ def build_network(cfg: TrainConfig, unet: torch.nn.Module,
     with _BUILD_LOCK:
         LycorisNetworkKohya.apply_preset(preset)
         return LycorisNetworkKohya(encoders, unet, warn_on_unmatched=False, **kwargs)
+
+
+def transformer_targets(cfg: TrainConfig, model: Any) -> Optional[list[str]]:
+    """A transformer family's LoRA targets (its lora role's ``target_modules`` for
+    ``network.train_blocks``), which its LyCORIS adapts too; None for a UNet family."""
+    from trainer.families import role, spec
+
+    s = spec(model.version)
+    if s.denoiser != "transformer":
+        return None
+    lora = role(model.version, "lora")
+    if not hasattr(lora, "lycoris_module_name"):  # the family's LyCORIS file has no names
+        raise ValueError(f"network.network_type = {cfg.network.network_type!r}: {s.label} "
+                         f"names no LyCORIS module (its lora role has no lycoris_module_name); "
+                         f"use 'lora'")
+    return lora.target_modules(model.denoiser, cfg.network.train_blocks)
 
 
 def _owned_by(root: torch.nn.Module, loras: list[Any]) -> list[Any]:
@@ -128,7 +156,8 @@ class LycorisMethod(MethodBase):
         encoders = self.trained_text_encoders(model)
         for module in (model.denoiser, model.vae, *(e for _, e, _ in family_text_encoders(model))):
             module.requires_grad_(False)
-        network = build_network(self.cfg, model.denoiser, [e for _, e, _ in encoders])
+        network = build_network(self.cfg, model.denoiser, [e for _, e, _ in encoders],
+                                transformer_targets(self.cfg, model))
         network.apply_to([e for _, e, _ in encoders], model.denoiser,
                          apply_text_encoder=bool(encoders), apply_unet=net.train_unet)
         if net.network_weights:  # continue from a file
@@ -151,6 +180,13 @@ class LycorisMethod(MethodBase):
 
     def save(self, path, model: Any, facts: Any, final: bool = True):
         from trainer.export.lycoris import save_lycoris
+        from trainer.families import spec
+
+        if spec(model.version).denoiser == "transformer":  # the family's names, flow metadata
+            from trainer.methods.flow_lora import save_flow_run_lycoris
+
+            return save_flow_run_lycoris(path, model, self.cfg, facts, self.save_dtype,
+                                         self.loras, self.saved_encoders)
 
         encoders = [(name, getattr(model, name)) for name in self.saved_encoders]
         return save_lycoris(path, self.loras, model.denoiser, encoders, self.cfg, facts,

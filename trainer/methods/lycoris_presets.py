@@ -48,3 +48,22 @@ def trains_text_encoder(name: str) -> bool:
     """Whether preset ``name`` adapts anything in a text encoder."""
     preset = sd_preset(name)
     return bool(preset["text_encoder_target_module"] or preset["text_encoder_target_name"])
+
+
+def transformer_preset(targets: list[str]) -> dict[str, Any]:
+    """A transformer family's targets: exactly the diffusers module paths of its LoRA
+    (``target_modules`` of its lora role), anchored (lycoris matches a name with ``re.match``,
+    so ``transformer_blocks.1.attn.to_q`` would also match block 10's ``...to_q`` prefix
+    otherwise), and the text encoders' Linears that its LoRA trains there (CLIP's attention and
+    MLP; T5's attention and gated feed-forward)."""
+    import re
+
+    from trainer.methods.lora import T5_TARGETS, TEXT_ENCODER_TARGETS
+
+    encoder = "|".join(re.escape(t) for t in (*TEXT_ENCODER_TARGETS, *T5_TARGETS))
+    return {
+        "enable_conv": False,
+        "unet_target_module": [], "unet_target_name": [re.escape(t) + "$" for t in targets],
+        "text_encoder_target_module": [], "text_encoder_target_name": [rf".*\.({encoder})$"],
+        "module_algo_map": {}, "name_algo_map": {}, "use_fnmatch": False, "exclude_name": [],
+    }

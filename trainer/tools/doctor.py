@@ -243,9 +243,11 @@ def build_report(probes: Optional[Probes] = None, torch_module: Any = None) -> R
     matmul = run_matmul(info, torch_module)
     facts = gather_facts(probes or Probes())
     from trainer.families.common import mmdit_tokenizers as flow_tokenizers
+    from trainer.families.common import qwen_tokenizers
     from trainer.models import tokenizers
 
-    models = tokenizers.cache_report() + flow_tokenizers.cache_report()
+    models = (tokenizers.cache_report() + flow_tokenizers.cache_report()
+              + qwen_tokenizers.cache_report())
     return Report(info, matmul, facts, tuple(diagnose(info, matmul, facts)), tuple(models))
 
 

@@ -15,7 +15,8 @@ folder's ``targets`` role (:mod:`trainer.families.flux.targets`,
   ``lora_te3_``; and sd-scripts' own SD3 names (``lora_unet_joint_blocks_0_x_block_attn_qkv``),
   fused like FLUX.1's, with the last block's pre-only context modulation's halves swapped
   (diffusers stores it as (scale, shift), Stability as (shift, scale)).
-- Either family: diffusers' own LoRA form of the transformer (``transformer.<path>``).
+- Either family: diffusers' own LoRA form of the transformer (``transformer.<path>``), and a
+  LyCORIS file's ``lycoris_<path>``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 
 import torch
 
+from trainer.export.flow_lycoris import diffusers_lycoris_name
 from trainer.export.names import kohya_module_name, unwrap
 from trainer.families import is_flow, role
 from trainer.tools.targets import Target, model_targets, table_of
@@ -34,8 +36,10 @@ LAYERS = (torch.nn.Linear, torch.nn.Conv2d)
 
 
 def transformer_layers(transformer: torch.nn.Module) -> list[tuple[Target, list[str]]]:
-    """Every layer of the transformer under its diffusers path (``lora_transformer_...``)."""
-    return [(Target(kohya_module_name("lora_transformer", path), path, TRANSFORMER, module), [])
+    """Every layer of the transformer under its diffusers path (``lora_transformer_...``; also
+    ``lycoris_...``, the LyCORIS files' name: trainer/export/flow_lycoris.py)."""
+    return [(Target(kohya_module_name("lora_transformer", path), path, TRANSFORMER, module),
+             [diffusers_lycoris_name(path)])
             for path, module in unwrap(transformer).named_modules()
             if isinstance(module, LAYERS)]
 

@@ -52,6 +52,7 @@ PEFT_PREFIXES = {"unet.": "lora_unet", "text_encoder.": "lora_te", "text_encoder
 # FLUX.1 (BFL names, export/flux_lora) and SD3 (sd-scripts' joint_blocks) transformers first
 PARTS = (("lora_unet_double_blocks_", "transformer"), ("lora_unet_single_blocks_", "transformer"),
          ("lora_unet_joint_blocks_", "transformer"), ("lora_transformer_", "transformer"),
+         ("lycoris_", "transformer"),  # a transformer's LyCORIS (trainer/export/flow_lycoris)
          ("lora_unet_", "unet"), ("lora_te1_", "te1"), ("lora_te2_", "te2"), ("lora_te3_", "te3"),
          ("lora_te_", "te"))
 EMBEDDING_KEYS = ({"emb_params"}, {"clip_l", "clip_g"})

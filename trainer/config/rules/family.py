@@ -25,6 +25,12 @@ OPTIONS = {"ddpm": "a DDPM option", "flow": "a flow-matching option"}
 TRAINS = {"ddpm": "a DDPM noise schedule", "flow": "flow matching (the [flow] section)"}
 # the sections whose family-bound settings are options of the objective (noise, loss, [flow])
 OBJECTIVE_SECTIONS = ("training", "flow")
+# the LyCORIS types a transformer family trains (FamilySpec.lycoris): those whose files ComfyUI
+# applies onto a slice of a fused layer as they trained (its LoRA, LoHa and LoKr adapters). IA3
+# it does not read; DoRA it rescales by the base weight's row norms where lycoris takes the
+# updated weight's (comfy/weight_adapter/base.py weight_decompose); GLoRA / BOFT / Diag-OFT are
+# not checked against it
+TRANSFORMER_LYCORIS = ("locon", "loha", "lokr")
 # a setting of one objective whose counterpart the other objective reads
 INSTEAD = {"model.prediction_type": "flow.model_prediction_type"}
 
@@ -87,6 +93,25 @@ def hint_problems(cfg: Any, family: str) -> list[str]:
     return problems
 
 
+def lycoris_problems(net: Any, s: Any) -> list[str]:
+    """The LyCORIS type ``network.network_type`` on a family: none where the spec has no
+    ``lycoris``; on a transformer, the types whose files ComfyUI applies to the original fused
+    layers (trainer/export/flow_lycoris.py), on the LoRA's own targets (no lycoris preset)."""
+    if not s.lycoris:
+        return [f"network.network_type = {net.network_type!r}: the LyCORIS types are not "
+                f"available for {s.label} yet; use 'lora'"]
+    if s.denoiser != "transformer":
+        return []
+    if net.network_type not in TRANSFORMER_LYCORIS:
+        return [f"network.network_type = {net.network_type!r} is not available for {s.label}; "
+                f"its LyCORIS types are {', '.join(TRANSFORMER_LYCORIS)} (or 'lora')"]
+    if net.lycoris_preset is not None:
+        return [f"network.lycoris_preset = {net.lycoris_preset!r} names the blocks of UNet "
+                f"models; {s.label}'s LyCORIS adapts the modules of its LoRA "
+                f"(network.train_blocks): unset lycoris_preset"]
+    return []
+
+
 def spec_problems(cfg: Any, family: str) -> list[str]:
     """What the family's spec rules out: textual inversion, the LyCORIS types, the Huber
     schedule of DDPM's SNR on flow matching, T5 trained without the text-encoder rate."""
@@ -97,9 +122,13 @@ def spec_problems(cfg: Any, family: str) -> list[str]:
             and tr.huber_schedule == "snr":
         problems.append(f"training.huber_schedule = 'snr' needs a DDPM noise schedule; {name} "
                         f"trains with flow matching: use 'constant' or 'exponential'")
-    if cfg.mode == "lora" and net.network_type != "lora" and not s.lycoris:
-        problems.append(f"network.network_type = {net.network_type!r}: the LyCORIS types are "
-                        f"not available for {name} yet; use 'lora'")
+    if cfg.mode == "lora" and net.network_type != "lora":
+        problems += lycoris_problems(net, s)
+    if cfg.mode == "lora" and net.network_type == "lora" and net.network_weights \
+            and s.denoiser == "transformer":
+        problems.append(f"network.network_weights: continuing a LoRA is not available for "
+                        f"{name} yet (the LyCORIS types {', '.join(TRANSFORMER_LYCORIS)} "
+                        f"continue from their file); unset it")
     if s.has_t5 and net.train_t5xxl and not net.train_text_encoder:
         problems.append("network.train_t5xxl needs network.train_text_encoder (T5 trains with "
                         "the text-encoder learning rate); turn it on or unset train_t5xxl")

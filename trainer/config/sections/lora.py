@@ -57,11 +57,11 @@ class LoraOptions(Section):
         None, "SD families: the convolution alpha of each block; unset: conv_alpha (unset: "
         "the block's conv rank).", "Block conv alphas", UNET)
     network_weights: Optional[str] = setting(
-        None, "SD families: continue from this LoRA or LyCORIS file (kohya names, ours or "
-        "anyone's): its weights are loaded into the network before step 1 (sd-scripts' "
-        "network_weights). Its ranks must match network_dim / conv_dim unless "
-        "dim_from_weights.", modes=("lora",), advanced=True, widget="file",
-        families=UNET, label="Start from network weights")
+        None, "Continue from this LoRA or LyCORIS file (kohya names, ours or anyone's): its "
+        "weights are loaded into the network before step 1 (sd-scripts' network_weights). Its "
+        "ranks must match network_dim / conv_dim unless dim_from_weights. FLUX.1 / SD 3.5 "
+        "(transformer families): LyCORIS types only, from a file of ours.", modes=("lora",),
+        advanced=True, widget="file", label="Start from network weights")
     dim_from_weights: bool = _lora_setting(
         False, "Take each module's rank and alpha from network_weights (network_dim / "
         "network_alpha / conv_dim are then the file's).", "Ranks from the weights file", UNET)

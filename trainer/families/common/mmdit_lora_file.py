@@ -20,7 +20,8 @@ differs for the flow families set here, checked in kohya-ss/sd-scripts at 48d368
   and ``sd3_train_network.py`` (the weighting scheme's, ``ss_apply_lg_attn_mask``,
   ``ss_apply_t5_attn_mask``), each value as ``str()`` of sd-scripts' argparse value: floats as
   floats (``"1.0"``, not ``"1"``), booleans ``"True"`` / ``"False"``, unset ``"None"``.
-- ``ss_network_module``: ``networks.lora_flux`` for FLUX.1 (the file is that module's format).
+- ``ss_network_module``: ``networks.lora_flux`` for a FLUX.1 LoRA (the file is that module's
+  format); a LyCORIS file keeps ``lycoris.kohya`` (trainer/export/flow_lycoris.py).
   An SD 3.5 file keeps the base value: its ``transformer.*`` form is not ``networks.lora_sd3``'s.
 
 ``sshs_model_hash`` and ``modelspec.hash_sha256`` are computed over the final tensors
@@ -147,7 +148,8 @@ def flow_lora_metadata(info: FlowLoraInfo, base: Optional[Mapping[str, str]] = N
     meta["ss_v2"] = "False"
     meta["modelspec.architecture"] = modelspec_architecture(info)
     if info.family == "flux1":
-        meta["ss_network_module"] = FLUX_NETWORK_MODULE
+        if meta.get("ss_network_module", "networks.lora") == "networks.lora":  # not lycoris'
+            meta["ss_network_module"] = FLUX_NETWORK_MODULE
         meta["modelspec.implementation"] = IMPL_FLUX
         meta.pop("modelspec.prediction_type", None)
     elif info.family == "sd3":

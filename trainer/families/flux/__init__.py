@@ -10,5 +10,5 @@ FLUX1 = FamilySpec(
     variants=(Variant("dev", "FLUX.1-dev, guidance-distilled", "flux1-dev", 512),
               Variant("schnell", "FLUX.1-schnell", "flux1-schnell", 256)),
     part_settings={"vae": "model.ae", "clip_l": "model.clip_l", "t5xxl": "model.t5xxl"},
-    kohya_version="flux1", textual_inversion=False, lycoris=False)
+    kohya_version="flux1", textual_inversion=False)
 SPECS = (FLUX1,)

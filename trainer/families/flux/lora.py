@@ -22,6 +22,12 @@ sparse, and gives every part the whole ``lora_down`` otherwise, which is also ex
 Text encoders as sd-scripts names them: ``lora_te1_`` CLIP-L (``text_model.encoder...``),
 ``lora_te3_`` T5-XXL (``encoder.block...``). diffusers' FLUX loader keeps ``lora_te1_`` and drops
 T5 keys; ComfyUI loads both.
+
+LyCORIS (LoCon, LoHa, LoKr) cannot be fused so: ``kron`` or Hadamard products on to_q, to_k and
+to_v make no such product on ``img_attn.qkv``. Its file names each diffusers layer
+(:func:`lycoris_module_name`: ``lycoris_transformer_blocks_0_attn_to_q``), which ComfyUI's FLUX
+branch (``flux_to_diffusers``) maps onto that layer's rows of the BFL weight, and its LoRA /
+LoHa / LoKr adapters patch there; trainer/export/flow_lycoris.py has the details.
 """
 
 from __future__ import annotations
@@ -232,3 +238,19 @@ def run_state_dict(transformer: Optional[torch.nn.Module], encoders: dict[str, A
     """The run's LoRA file tensors; ``encoders``: the trained text encoders by attribute."""
     return flux_kohya_state_dict(transformer, encoders.get("text_encoder"),
                                  encoders.get("text_encoder_2"), dtype=dtype)
+
+
+def lycoris_module_name(component: str, path: str) -> str:
+    """A LyCORIS file's name of a trained module (trainer/export/flow_lycoris.py): the
+    transformer's by its diffusers path (``lycoris_transformer_blocks_0_attn_to_q``, which
+    ComfyUI maps onto its rows of BFL's fused ``img_attn.qkv``), CLIP-L and T5 as the LoRA
+    names them (``lora_te1_``, ``lora_te3_``)."""
+    from trainer.export.flow_lycoris import TRANSFORMER, diffusers_lycoris_name
+
+    if component == TRANSFORMER:
+        return diffusers_lycoris_name(path)
+    if component == "text_encoder":
+        return kohya_module_name(CLIP_L_PREFIX, text_encoder_module_path(path))
+    if component == "text_encoder_2":
+        return kohya_module_name(T5_PREFIX, path)
+    raise ValueError(f"FLUX.1 has no component {component!r} for a LyCORIS file")

@@ -12,5 +12,5 @@ SD3 = FamilySpec(
               Variant("medium", "SD 3 medium", "sd3-medium", 256)),
     part_settings={"vae": "model.vae", "clip_l": "model.clip_l", "clip_g": "model.clip_g",
                    "t5xxl": "model.t5xxl"},
-    kohya_version="sd3", textual_inversion=False, lycoris=False)
+    kohya_version="sd3", textual_inversion=False)
 SPECS = (SD3,)

@@ -132,3 +132,22 @@ def run_state_dict(transformer: Optional[torch.nn.Module], encoders: dict,
     """The run's LoRA file tensors; ``encoders``: the trained text encoders by attribute."""
     return sd3_state_dict(transformer, encoders.get("text_encoder"),
                           encoders.get("text_encoder_2"), dtype=dtype)
+
+
+def lycoris_module_name(component: str, path: str) -> str:
+    """A LyCORIS file's name of a trained module (trainer/export/flow_lycoris.py): the
+    transformer's by its diffusers path (``lycoris_transformer_blocks_0_attn_to_q``, which
+    ComfyUI maps through ``mmdit_to_diffusers`` onto SAI's fused ``attn.qkv`` rows), the text
+    encoders as sd-scripts and ComfyUI number them (CLIP-L ``lora_te1_``, CLIP-G ``lora_te2_``,
+    T5 ``lora_te3_``)."""
+    from trainer.export.flow_lycoris import TRANSFORMER, diffusers_lycoris_name
+    from trainer.export.names import kohya_module_name
+
+    prefixes = {"text_encoder": "lora_te1", "text_encoder_2": "lora_te2",
+                "text_encoder_3": "lora_te3"}
+    if component == TRANSFORMER:
+        return diffusers_lycoris_name(path)
+    if component not in prefixes:
+        raise ValueError(f"SD 3.5 has no component {component!r} for a LyCORIS file")
+    clip = component != "text_encoder_3"
+    return kohya_module_name(prefixes[component], text_encoder_module_path(path) if clip else path)

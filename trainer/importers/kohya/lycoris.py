@@ -37,11 +37,20 @@ def unused_conv_keys(ctx: Any) -> dict[str, str]:
     """conv_dim / conv_alpha, which kohya_ss saves for every type, when the preset adapts no
     3x3 convolution (lycoris then ignores them): kohya key -> reason."""
     from trainer.config.rules.lycoris import PRESETS_WITHOUT_CONV
+    from trainer.families import spec
+    from trainer.importers.kohya.flow import family_of
 
+    try:
+        family = family_of(ctx.data)
+    except ValueError:  # both switches on: flow() reports it
+        family = None
     preset = _preset(ctx)
-    if preset not in PRESETS_WITHOUT_CONV:
+    if family is not None and spec(family).denoiser == "transformer":
+        reason = f"{spec(family).label}'s transformer has no 3x3 convolution; lycoris adapts none"
+    elif preset in PRESETS_WITHOUT_CONV:
+        reason = f"LyCORIS_preset {preset!r} adapts no 3x3 convolution; lycoris ignores it"
+    else:
         return {}
-    reason = f"LyCORIS_preset {preset!r} adapts no 3x3 convolution; lycoris ignores it"
     return {key: reason for key in ("conv_dim", "conv_alpha")}
 
 
