@@ -264,19 +264,37 @@ def test_an_fp8_file_streams_into_fp8_storage(model, tmp_path):
     assert torch.equal(weight.view(torch.uint8), want.view(torch.uint8))
 
 
-def test_a_comfyui_scaled_fp8_file_is_refused_with_what_to_use(model, tmp_path):
-    from safetensors.torch import load_file, save_file
+def test_a_comfyui_scaled_fp8_file_loads_as_its_dequantized_weights(model, tmp_path):
+    """ComfyUI's legacy scaled fp8 form (``scaled_fp8`` marker, ``<layer>.scale_weight``): each
+    block Linear is read as ``fp8 * scale`` (trainer/families/common/comfy_quant.py)."""
+    from safetensors.torch import save_file
 
-    from trainer.families.chroma.checkpoint import save_checkpoint
-    from trainer.families.spec import ModelLoadError
+    from trainer.families.chroma.checkpoint import chroma_tensors
 
-    path = save_checkpoint(tmp_path / "Chroma1-HD-fp8mixed.safetensors",
-                           {"transformer": model.denoiser}, dtype=torch.float8_e4m3fn)
-    tensors = load_file(str(path))
-    tensors["img_in.scale_weight"] = torch.ones(())
+    base = resolve_model_path("embedded:tiny-chroma")
+    tensors, expected = {}, {}
+    for key, value in chroma_tensors(model.denoiser).items():
+        value = value.float().contiguous()
+        if key.startswith(("double_blocks.", "single_blocks.")) and value.ndim == 2:
+            scale = value.abs().max() / 448
+            tensors[key] = (value / scale).to(torch.float8_e4m3fn)
+            tensors[key[:-len("weight")] + "scale_weight"] = scale.reshape(())
+            expected[key] = tensors[key].float() * scale
+        else:
+            tensors[key] = value
+    tensors["scaled_fp8"] = torch.empty(0, dtype=torch.float8_e4m3fn)
+    path = tmp_path / "Chroma1-HD_fp8_scaled.safetensors"
     save_file(tensors, str(path))
-    with pytest.raises(ModelLoadError, match="scaled fp8.*Chroma1-HD.safetensors"):
-        load_base_model(ModelSection(pretrained_model_name_or_path=str(path)))
+    ae, t5 = _part_files(model, tmp_path)
+    loaded = load_base_model(ModelSection(
+        pretrained_model_name_or_path=str(path), ae=str(ae), t5xxl=str(t5),
+        config_dir=str(base), tokenizer=str(base)))
+    block = loaded.denoiser.single_transformer_blocks[0]
+    linear1 = torch.cat([block.attn.to_q.weight, block.attn.to_k.weight, block.attn.to_v.weight,
+                         block.proj_mlp.weight])
+    torch.testing.assert_close(linear1, expected["single_blocks.0.linear1.weight"])
+    proj = loaded.denoiser.transformer_blocks[0].attn.to_out[0].weight
+    torch.testing.assert_close(proj, expected["double_blocks.0.img_attn.proj.weight"])
 
 
 @pytest.mark.parametrize("setting, named", [

@@ -67,7 +67,7 @@ def load_file(path: Path, section: Any, *, dtype: Any = None, t5_frozen: bool = 
         raise ModelLoadError(f"model.vae is set, but {FIELD} is a Chroma file: name its "
                              f"autoencoder with model.ae (FLUX.1's ae.safetensors)")
     main = Weights(path, FIELD)
-    info = sf.read_info(main)
+    info, layout = sf.read_info(main)
     _check_version(section, path, info.description)
     length = section.t5xxl_max_token_length or VARIANT.t5_length
     parts: dict[str, Any] = {"tokenizer": load_t5(
@@ -75,7 +75,7 @@ def load_file(path: Path, section: Any, *, dtype: Any = None, t5_frozen: bool = 
     quantized = section.base_precision if fresh and section.base_precision in ("nf4", "int8") \
         else None
     later = sf.transformer_later(path, info, conf, fresh and section.base_precision == "fp8",
-                                 quantized)
+                                 quantized, layout)
     with ExitStack() as stack:
         sf.transformer_root(info, conf, stack)  # a config it cannot build fails now
     found = sf.sources(info, main, {"vae": section.ae, "t5xxl": section.t5xxl})

@@ -14,8 +14,9 @@
   (a whole checkpoint), and a setting replaces what the file holds.
 - **Configs**: ``model.config_dir`` per component, else ``trainer/assets/families/chroma1-hd``;
   a transformer that is not the published size gets the header's shapes.
-- ComfyUI's scaled fp8 files (``scaled_fp8``, ``*.scale_weight``, ``*.comfy_quant``) hold fp8
-  weights that are only right with their scales: refused, with the files to use instead.
+- ComfyUI's quantized files (``Chroma1-HD-fp8mixed.safetensors``, the legacy scaled fp8): each
+  weight is read as ``fp8 * scale`` (:mod:`trainer.families.common.comfy_quant`), then stored as
+  the run asks (``model.base_precision = "fp8"`` keeps it in fp8 again).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any, Optional
 import torch
 
 from trainer.families.chroma.detect import ASSET, ChromaFileInfo, chroma_info
+from trainer.families.common.files import QuantLayout, read_quant_layout
 from trainer.families.common.mmdit_detect import FILES, VAE_PREFIXES
 from trainer.families.common.mmdit_parts import (
     Weights,
@@ -44,22 +46,20 @@ from trainer.models.memory import fp8_storage
 FIELD = "model.pretrained_model_name_or_path"
 WIDTH = 3072  # the width diffusers' Chroma converter assumes
 SETTINGS = {"vae": "model.ae", "t5xxl": "model.t5xxl"}
-SCALED = (".scale_weight", ".weight_scale", ".comfy_quant", "scaled_fp8")
 
 
 def shipped_config() -> dict[str, Any]:
     return json.loads((ASSETS / ASSET / "transformer" / "config.json").read_text("utf-8"))
 
 
-def read_info(weights: Weights) -> ChromaFileInfo:
-    """The file's facts from its header; refuses ComfyUI's scaled fp8 forms."""
-    scaled = next((k for k in weights.keys if k.endswith(SCALED)), None)
-    if scaled is not None:
-        raise ModelLoadError(f"{weights.setting} = {str(weights.path)!r}: a ComfyUI scaled fp8 "
-                             f"file ({scaled!r}): its fp8 weights need their scales, which are "
-                             f"not read here; use the bf16 file (Chroma1-HD.safetensors) or a "
-                             f"plain fp8 one, with model.base_precision = 'fp8' to store it so")
-    return chroma_info(weights.keys, weights.shape, weights.dtype, shipped_config())
+def read_info(weights: Weights) -> tuple[ChromaFileInfo, QuantLayout]:
+    """The file's facts from its header, and how it stores its weights (ComfyUI's forms)."""
+    try:
+        layout = read_quant_layout(weights.path)
+    except ModelLoadError as exc:
+        raise ModelLoadError(f"{weights.setting} = {exc}") from None
+    keys = [k for k in weights.keys if k not in layout.dropped]
+    return chroma_info(keys, weights.shape, weights.dtype, shipped_config()), layout
 
 
 def split_linear1(tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> dict[str, Any]:
@@ -98,16 +98,19 @@ def _storage(fp8: bool, quantized: Optional[str], dtype: torch.dtype) -> Any:
 
 
 def build_transformer(weights: Weights, info: ChromaFileInfo, root: Path, dtype: torch.dtype,
-                      fp8: bool = False, quantized: Optional[str] = None) -> torch.nn.Module:
+                      fp8: bool = False, quantized: Optional[str] = None,
+                      layout: Optional[QuantLayout] = None) -> torch.nn.Module:
     """The transformer, streamed from the file into its modules (see the module's notes)."""
     from diffusers import ChromaTransformer2DModel
 
+    from trainer.families.common.comfy_quant import ComfyQuantReader, load_tensors
     from trainer.models.memory import store_fp8, to_compute_dtype
     from trainer.models.streamed_load import NotStreamable, SafetensorsReader, load_streamed
 
     prefix = info.prefixes["transformer"]
     others = tuple(p for part, p in info.prefixes.items() if part != "transformer")
-    keys = [k for k in weights.keys if k.startswith(prefix)
+    layout = layout or QuantLayout()
+    keys = [k for k in weights.keys if k.startswith(prefix) and k not in layout.dropped
             and not (not prefix and others and k.startswith(others))]
     config = info.transformer_config
     split = config["num_attention_heads"] * config["attention_head_dim"] != WIDTH
@@ -122,10 +125,13 @@ def build_transformer(weights: Weights, info: ChromaFileInfo, root: Path, dtype:
     storage = _storage(fp8, quantized, dtype)
     try:
         try:
-            module = load_streamed(SafetensorsReader(weights.path), keys,
-                                   lambda t: build(t, cast=storage is None), storage, dtype)
+            reader = SafetensorsReader(weights.path) if layout.form == "plain" else \
+                ComfyQuantReader(weights.path, dtype, layout)
+            module = load_streamed(reader, keys, lambda t: build(t, cast=storage is None),
+                                   storage, dtype)
         except NotStreamable:
-            module = build(weights.take(prefix, dtype, exclude=others if not prefix else ()))
+            wanted = set(keys)
+            module = build(load_tensors(weights.path, dtype, wanted.__contains__, layout))
     except Exception as exc:  # noqa: BLE001 - shape mismatches, missing keys, ...
         raise fail(where, "transformer", exc) from None
     module = complete(module, "transformer", where)
@@ -185,13 +191,15 @@ def vae_prefix(weights: Weights) -> str:
 
 
 def transformer_later(path: Path, info: ChromaFileInfo, conf: Optional[Path], fp8: bool,
-                      quantized: Optional[str]) -> Callable[[torch.dtype], Any]:
+                      quantized: Optional[str], layout: QuantLayout
+                      ) -> Callable[[torch.dtype], Any]:
     """``build(dtype)``: the file's transformer (for a run that encodes the captions first)."""
 
     def build(dtype: torch.dtype) -> Any:
         with ExitStack() as stack:
             return build_transformer(Weights(path, FIELD), info,
-                                     transformer_root(info, conf, stack), dtype, fp8, quantized)
+                                     transformer_root(info, conf, stack), dtype, fp8, quantized,
+                                     layout)
 
     return build
 
