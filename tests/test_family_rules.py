@@ -79,7 +79,7 @@ def test_a_checkpoint_of_unknown_family_is_checked_once_loaded():
      "set it back to 1.0"),
     # a component file and a text-encoder setting of other families
     ({"pretrained_model_name_or_path": "embedded:tiny-sdxl"}, {"model": {"t5xxl": "/t5.st"}},
-     r"model.t5xxl is set but SDXL does not read it \(FLUX.1 / SD 3.5 only\)"),
+     r"model.t5xxl is set but SDXL does not read it \(FLUX.1 / SD 3.5 / Chroma only\)"),
     (SD3, {"model": {"ae": "/ae.safetensors"}},
      r"model.ae is set but SD 3.5 does not read it \(FLUX.1 / FLUX.2 / Z-Image only\)"),
     ({}, {"model": {"t5xxl_max_token_length": 128}}, "model.t5xxl_max_token_length is set but "

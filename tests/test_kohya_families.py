@@ -25,9 +25,15 @@ def test_a_flow_family_role_declares_what_the_importer_reads(name):
     assert all(k in owned for keys in role.ENCODER_FILES.values() for k in keys)
 
 
+def selected(name: str) -> bool:
+    """A family that a value picks among the families of one switch (Chroma: FLUX.1's tab with
+    model_type "chroma"): it shares that tab's keys."""
+    return bool(getattr(kohya_role(name), "SELECT", None))
+
+
 def test_no_key_is_two_flow_families_own():
     seen: dict[str, str] = {}
-    for name in FLOW:
+    for name in [n for n in FLOW if not selected(n)]:
         for key in kohya_role(name).ONLY:
             assert key not in seen, f"{key} is both {seen[key]}'s and {name}'s"
             seen[key] = name
@@ -35,13 +41,17 @@ def test_no_key_is_two_flow_families_own():
 
 def test_every_switch_is_one_family_s():
     keys = switch_keys()
-    assert len(keys) == len(set(keys))
+    shared = [k for n, ks in switches().items() if selected(n) for k in ks]
+    assert len(keys) - len(shared) == len(set(keys))
+    assert set(shared) <= {k for n, ks in switches().items() if not selected(n) for k in ks}
     assert set(switches()) <= set(FAMILIES)
 
 
 @pytest.mark.parametrize("name", [n for n in switches()])
 def test_a_family_s_switch_picks_it(name):
     key = switches()[name][0]
-    cfg, report = import_kohya({"LoRA_type": "Standard", key: True}, source="switch.json")
+    values = {k: v[0] for k, v in getattr(kohya_role(name), "SELECT", {}).items()}
+    cfg, report = import_kohya({"LoRA_type": "Standard", key: True, **values},
+                               source="switch.json")
     assert cfg.model.model_version == name
     assert (key, True, "model.model_version", name) in report.mapped

@@ -219,8 +219,9 @@ def _inputs(config: dict, size: tuple[int, int], batch: int) -> dict[str, Any]:
     meta = dict(device="meta", dtype=torch.bfloat16)
     common = dict(encoder_hidden_states=torch.zeros(batch, text, config["joint_attention_dim"],
                                                     **meta),
-                  pooled_projections=torch.zeros(batch, config["pooled_projection_dim"], **meta),
                   timestep=torch.zeros(batch, **meta), return_dict=False)
+    if "pooled_projection_dim" in config:  # FLUX.1, SD 3.5 (Chroma reads none)
+        common["pooled_projections"] = torch.zeros(batch, config["pooled_projection_dim"], **meta)
     return dict(_memory(config).image_inputs(config, w, h, batch, text), **common)
 
 

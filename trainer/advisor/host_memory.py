@@ -196,8 +196,9 @@ def held(cfg: Any, parts: dict[str, Part], transformer: int, c: int, name: str,
          captions: int, text_tokens: int, width: int) -> Held:
     """The host's entries for the phases: the runtime, each text encoder, the VAE, the
     transformer (``transformer`` bytes as stored), the cached text outputs."""
-    fp8_te = cfg.model.fp8_text_encoders and not (cfg.network.train_t5xxl and
-                                                   cfg.network.train_text_encoder)
+    from trainer.config.rules.family import trains_t5
+
+    fp8_te = cfg.model.fp8_text_encoders and not trains_t5(cfg)  # Chroma's: train_text_encoder
     text = []
     for part in [p for p in parts if p != "vae"]:  # the family's text encoders' slots
         fp8 = fp8_te and part == "t5xxl"

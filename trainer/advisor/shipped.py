@@ -39,14 +39,16 @@ FAMILIES = TRAINER / "assets" / "families"
 CODE = ("advisor/footprint.py", "advisor/law.py", "advisor/law_keys.py",
         "advisor/live_bytes.py", "advisor/flow_memory.py", "families/sd/memory.py",
         "families/sdxl/memory.py", "families/flux/memory.py", "families/sd3/memory.py",
-        "families/qwen_image/memory.py", "families/zimage/memory.py")
+        "families/qwen_image/memory.py", "families/zimage/memory.py",
+        "families/chroma/memory.py")
 # the embedded models' builders, whose configs embedded.json holds (paths under trainer/)
 UNET_BUILDER = "families/sd/tiny.py"
 FLOW_BUILDER = "families/common/tiny_mmdit.py"
 UNET_MODELS = ("sd1", "sd2-512", "sd2-768-v", "sdxl", "embedded:tiny-sd15",
                "embedded:tiny-sdxl")
 FLOW_MODELS = ("flux1-dev", "flux1-schnell", "sd35-large", "sd35-medium", "sd3-medium",
-               "embedded:tiny-flux", "embedded:tiny-sd3", "qwen-image")
+               "embedded:tiny-flux", "embedded:tiny-sd3", "qwen-image", "chroma1-hd",
+               "embedded:tiny-chroma")
 MODELS = UNET_MODELS + FLOW_MODELS
 MISSING = object()
 _LOADED: dict[str, Any] = {}

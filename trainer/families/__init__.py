@@ -17,7 +17,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Optional
 
-from trainer.families import flux, flux2, qwen_image, sd, sd3, sdxl, zimage
+from trainer.families import chroma, flux, flux2, qwen_image, sd, sd3, sdxl, zimage
 from trainer.families.spec import DetectionError, FamilySpec, Found, ModelLoadError
 
 __all__ = ["FAMILIES", "LAST_RESORT", "DetectionError", "FamilySpec", "Found", "ModelLoadError",
@@ -29,10 +29,10 @@ __all__ = ["FAMILIES", "LAST_RESORT", "DetectionError", "FamilySpec", "Found", "
 # names what a file is when it is none of them).
 # (flux2 before flux: the advisor tells a transformer's family by its class name's prefix,
 # and FLUX.1's "Flux" would claim Flux2Transformer2DModel)
-_FOLDERS = (sd, sdxl, flux2, flux, sd3, qwen_image, zimage)
+_FOLDERS = (sd, sdxl, flux2, flux, sd3, chroma, qwen_image, zimage)
 FAMILIES: dict[str, FamilySpec] = {s.name: s for m in _FOLDERS for s in m.SPECS}
-# FLUX.2 shares FLUX.1's double_blocks
-_DETECTION = ("flux2", "flux", "sd3", "qwen_image", "zimage", "sd")
+# Chroma first (FLUX.1's layout, other blocks); FLUX.2 shares FLUX.1's double_blocks
+_DETECTION = ("chroma", "flux2", "flux", "sd3", "qwen_image", "zimage", "sd")
 # the family whose load role opens what detection cannot tell (a .ckpt, a folder of no known
 # pipeline): SD's single-file and folder loads name what such a path holds
 LAST_RESORT = "sd1"  # sd's detection answers for SDXL too

@@ -48,9 +48,11 @@ class MethodBase:
     @property
     def trains_t5(self) -> bool:
         """Whether this run trains the T5 of FLUX.1 / SD 3.5 (``network.train_t5xxl``, with the
-        text encoder's learning rate: ``network.train_text_encoder`` too)."""
-        net = self.cfg.network
-        return net.train_t5xxl and net.train_text_encoder
+        text encoder's learning rate: ``network.train_text_encoder`` too), or Chroma's, its
+        only text encoder (``network.train_text_encoder``)."""
+        from trainer.config.rules.family import trains_t5
+
+        return trains_t5(self.cfg)
 
     def whole_modules(self, model: Any) -> list[Any]:
         """The modules every weight of which this method trains (DreamBooth's): set-up keeps

@@ -114,6 +114,9 @@ def family_from_metadata(meta: dict[str, str]) -> Optional[str]:
     arch = meta.get("modelspec.architecture", "")
     if version in SD3_VERSIONS:
         return "sd3"
+    for name in names(denoiser="transformer"):  # a transformer family's own version string
+        if version and version == spec(name).kohya_version:
+            return name
     for prefix, family in (("sdxl", "sdxl"), ("sd_v2", "sd2"), ("sd_v1", "sd1"),
                            ("flux1", "flux1")):
         if version.startswith(prefix):

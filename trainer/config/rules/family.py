@@ -156,3 +156,17 @@ def problems(cfg: Any) -> list[str]:
     """The problems of the family the config names; none when it names none."""
     family = known_family(cfg)
     return [] if family is None else family_problems(cfg, family)
+
+
+def trains_t5(cfg: Any) -> bool:
+    """Whether a run of ``cfg`` trains T5-XXL: ``network.train_t5xxl`` with
+    ``train_text_encoder`` where T5 sits beside CLIP (FLUX.1, SD 3.5); where T5 is the
+    family's only text encoder (Chroma), ``train_text_encoder`` alone, as for any family's
+    one text encoder."""
+    from trainer.families import family_or_none
+
+    net = cfg.network
+    if not net.train_text_encoder or net.train_t5xxl:
+        return net.train_text_encoder and net.train_t5xxl
+    family = known_family(cfg) or family_or_none(cfg.model.pretrained_model_name_or_path)
+    return family is not None and spec(family).text_encoders == ("t5xxl",)

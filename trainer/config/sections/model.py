@@ -66,10 +66,11 @@ class ModelSection(Section):
         label="Component config folder",
     )
     ae: Optional[str] = setting(
-        None, "FLUX.1 / FLUX.2 / Z-Image: the autoencoder file (ae.safetensors; FLUX.2: "
-        "flux2-vae.safetensors) for a transformer-only single file (sd-scripts' --ae, "
+        None, "FLUX.1 / FLUX.2 / Z-Image / Chroma: the autoencoder file (ae.safetensors; "
+        "FLUX.2: flux2-vae.safetensors) for a transformer-only single file (sd-scripts' --ae, "
         "musubi-tuner's --vae).", advanced=True, widget="file",
-        families=("flux1", "flux2", "zimage"), modes=FLOW_MODES, label="Autoencoder file (ae)")
+        families=("flux1", "flux2", "zimage", "chroma"), modes=FLOW_MODES,
+        label="Autoencoder file (ae)")
     clip_l: Optional[str] = setting(
         None, "FLUX.1 / SD 3.5: the CLIP-L text encoder file for a single file without it "
         "(sd-scripts' --clip_l).", advanced=True, widget="file",
@@ -79,7 +80,7 @@ class ModelSection(Section):
         "(sd-scripts' --clip_g).", advanced=True, widget="file",
         families=("sd3",), modes=FLOW_MODES, label="CLIP-G file")
     t5xxl: Optional[str] = setting(
-        None, "FLUX.1 / SD 3.5: the T5-XXL text encoder file for a single file without it "
+        None, "FLUX.1 / SD 3.5 / Chroma: the T5-XXL text encoder file for a single file without it "
         "(sd-scripts' --t5xxl).", advanced=True, widget="file",
         families=T5, modes=FLOW_MODES, label="T5-XXL file")
     text_encoder: Optional[str] = setting(

@@ -46,6 +46,7 @@ TEXT_MARKERS = {"clip_l": "text_model.final_layer_norm.weight",
 VAE_PREFIXES = ("vae.", "first_stage_model.")
 VAE_MARKER = "decoder.conv_in.weight"
 FLUX_MARKER = "double_blocks.0.img_attn.qkv.weight"
+FLUX_MODULATION = "double_blocks.0.img_mod.lin.weight"  # FLUX.1's own (Chroma's blocks have none)
 SD3_MARKER = "joint_blocks.0.x_block.attn.qkv.weight"
 LABELS = {"flux1-dev": "FLUX.1-dev, guidance-distilled", "flux1-schnell": "FLUX.1-schnell",
           "sd35-large": "SD 3.5 large", "sd35-medium": "SD 3.5 medium",
@@ -122,6 +123,8 @@ def refuse_other(keys: Collection[str]) -> None:
         raise DetectionError("its keys are diffusers' (transformer_blocks.*), not the original "
                              "layout: point model.pretrained_model_name_or_path at the diffusers "
                              "folder that holds it instead")
+    if any("distilled_guidance_layer." in k for k in keys):
+        raise DetectionError("it is Chroma (distilled_guidance_layer.*), not FLUX.1 or SD 3.x")
     raise DetectionError(f"it holds no FLUX.1 transformer ({FLUX_MARKER}) and no SD 3.x "
                          f"transformer ({DIT_PREFIX}{SD3_MARKER}); a VAE or a text encoder alone "
                          f"is not a base model")
@@ -214,6 +217,8 @@ def detect_flow(keys: Collection[str], shape: Shape, dtype: Callable[[str], str]
     """The family, parts and shapes of a FLUX.1 / SD 3.x file from its key names and shapes."""
     keys = set(keys)
     flux_p, sd3_p = _transformer_prefix(keys, FLUX_MARKER), _transformer_prefix(keys, SD3_MARKER)
+    if flux_p is not None and flux_p + FLUX_MODULATION not in keys:
+        flux_p = None  # FLUX.1's layout without its modulations: Chroma's (not FLUX.1)
     if flux_p is None and sd3_p is None:
         refuse_other(keys)
     kind, p = ("flux", flux_p) if flux_p is not None else ("sd3", sd3_p)
@@ -251,9 +256,17 @@ def header_config(info: FlowFileInfo) -> dict[str, Any]:
 
 def detect_flow_file(path: str | Path) -> FlowFileInfo:
     """:func:`detect_flow` of a ``.safetensors`` file: its header only, read without torch (the
-    advisor, the GUI and the doctor ask too), no weight is read."""
+    advisor, the GUI and the doctor ask too), no weight is read; another transformer family's
+    file (Chroma's) gives its own detection's facts, a record of the same fields."""
+    from trainer.families import file_family
     from trainer.families.common.files import read_safetensors_header
 
+    try:
+        found = file_family(Path(path))
+    except DetectionError:
+        found = None
+    if found is not None and isinstance(found.header, FlowFileInfo):
+        return found.header
     tensors = read_safetensors_header(path).tensors
     return detect_flow(tensors.keys(), lambda k: tuple(tensors[k]["shape"]),
                        lambda k: tensors[k]["dtype"])

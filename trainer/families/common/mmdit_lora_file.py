@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Optional
 
 import torch
 
@@ -54,7 +54,7 @@ class FlowLoraInfo:
     for SD 3 / 3.5. The objective's fields are the training settings under sd-scripts' names.
     """
 
-    family: Literal["flux1", "sd3"]
+    family: str  # "flux1", "sd3", or a family whose lora role has file_metadata()
     variant: str
     guidance_scale: Optional[float] = None
     timestep_sampling: Optional[str] = None
@@ -70,11 +70,19 @@ class FlowLoraInfo:
 
     def __post_init__(self) -> None:
         variants = {"flux1": FLUX_VARIANTS, "sd3": SD3_VARIANTS}.get(self.family)
-        if variants is None:
-            raise ValueError(f"family {self.family!r}: a flow LoRA is 'flux1' or 'sd3'")
-        if self.variant not in variants:
+        if variants is None and not _names_its_file(self.family):
+            raise ValueError(f"family {self.family!r}: a flow LoRA is 'flux1' or 'sd3', or a "
+                             f"family whose lora role has file_metadata()")
+        if variants is not None and self.variant not in variants:
             raise ValueError(f"{self.family} variant {self.variant!r}: one of {variants} "
                              "(sd-scripts' names)")
+
+
+def _names_its_file(family: str) -> bool:
+    """Whether ``family``'s lora role says what its files' metadata hold (file_metadata)."""
+    from trainer.families import FAMILIES, role
+
+    return family in FAMILIES and hasattr(role(family, "lora"), "file_metadata")
 
 
 def _float(value: Optional[float]) -> str:
@@ -118,7 +126,7 @@ def objective_metadata(info: FlowLoraInfo) -> dict[str, str]:
     """The ``ss_*`` keys sd-scripts' ``update_metadata`` adds for the family. SD3 gets the
     sampling keys too where they are set (sd-scripts' SD3 trainer records none: our SD 3.5
     runs can use FLUX.1's samplings, and a file should say which)."""
-    if info.family == "flux1":
+    if info.family != "sd3":  # FLUX.1's trainer's keys (sd-scripts trains Chroma with it)
         return {"ss_model_type": "flux", **_weighting(info), **_sampling(info)}
     meta = {"ss_apply_lg_attn_mask": str(info.apply_lg_attn_mask), **_weighting(info)}
     fields = {"ss_guidance_scale": info.guidance_scale,
@@ -144,9 +152,14 @@ def flow_lora_metadata(info: FlowLoraInfo, base: Optional[Mapping[str, str]] = N
             meta["ss_network_module"] = FLUX_NETWORK_MODULE
         meta["modelspec.implementation"] = IMPL_FLUX
         meta.pop("modelspec.prediction_type", None)
-    else:
+    elif info.family == "sd3":
         meta["modelspec.implementation"] = IMPL_DIFFUSERS
         meta["modelspec.prediction_type"] = "epsilon"
+    else:  # another flow family: what its lora role's file_metadata() says
+        from trainer.families import role
+
+        meta.pop("modelspec.prediction_type", None)
+        meta.update(role(info.family, "lora").file_metadata(info))
     if "modelspec.sai_model_spec" not in meta:
         meta["modelspec.sai_model_spec"] = "1.0.1"
     return meta

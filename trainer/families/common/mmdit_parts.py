@@ -42,7 +42,8 @@ from trainer.models.memory import fp8_storage
 FLUX_WIDTH = 3072  # the width diffusers' FLUX converter assumes
 COMPONENTS = {"flux": {"clip_l": "text_encoder", "t5xxl": "text_encoder_2"},
               "sd3": {"clip_l": "text_encoder", "clip_g": "text_encoder_2",
-                      "t5xxl": "text_encoder_3"}}
+                      "t5xxl": "text_encoder_3"},
+              "chroma": {"t5xxl": "text_encoder"}}
 OTHER_PREFIXES = ("cond_stage_model.transformer.", "conditioner.embedders.0.transformer.",
                   "transformer.")
 

@@ -36,6 +36,7 @@ T5_CACHE: tuple[tuple[str, str], ...] = (
     ("stabilityai/stable-diffusion-3.5-large", "tokenizer_3"),
     ("stabilityai/stable-diffusion-3.5-medium", "tokenizer_3"),
     ("stabilityai/stable-diffusion-3-medium-diffusers", "tokenizer_3"),
+    ("lodestones/Chroma1-HD", "tokenizer"),
     ("google/t5-v1_1-xxl", ""))
 CLIP_CACHE: dict[str, tuple[tuple[str, str], ...]] = {
     "clip_l": ((CLIP_L, ""), (SCHNELL, "tokenizer"),

@@ -6,7 +6,8 @@ Each family's own keys are its ``kohya`` role's (``trainer/families/<folder>/koh
 (the tab's key of each text-encoder file), ``UNSUPPORTED`` / ``NOT_NEEDED`` (with the reasons),
 ``ONLY`` (every key kohya_ss passes with its switch only), ``TIMESTEP_RANGE`` (whether its
 sd-scripts trainer reads min / max_timestep), ``finish(ctx)`` (what its trainer does that the
-file does not say) and optionally ``HANDLERS``, ``OFF_VALUES`` and ``swap_units``.
+file does not say) and optionally ``HANDLERS``, ``OFF_VALUES``, ``swap_units`` and ``SELECT``
+(the values that pick it among the families of one switch: Chroma's ``model_type``).
 
 kohya_ss (lora_gui / dreambooth_gui ``train_model``) passes each of these keys to sd-scripts only
 with its family's switch; a key of another family (or of any, in an SD file) is reported as not
@@ -46,8 +47,12 @@ KEYS = tuple(k for k in dict.fromkeys((*_SWITCH_KEYS, *(k for r in ROLES.values(
 def family_of(data: dict[str, Any]) -> str | None:
     """The flow family a kohya_ss file trains, or None."""
     found = [fam for fam, r in ROLES.items()
-             if any(c.to_bool(data.get(key, False)) is True for key in SWITCHES.get(fam, ()))
-             or data.get("LoRA_type") in r.LORA_TYPES]
+             if (any(c.to_bool(data.get(key, False)) is True for key in SWITCHES.get(fam, ()))
+                 or data.get("LoRA_type") in r.LORA_TYPES)
+             and all(data.get(k) in v for k, v in getattr(r, "SELECT", {}).items())]
+    # a family that a value selects within a shared switch (Chroma: FLUX.1's tab with
+    # model_type "chroma") is it, rather than the switch's own family
+    found = [f for f in found if getattr(ROLES[f], "SELECT", None)] or found
     if len(found) > 1:
         raise ValueError(f"{' and '.join(SWITCHES[f][0] for f in found)} are both on: a model "
                          f"is one or the other")
@@ -61,9 +66,9 @@ def flow(ctx: Ctx) -> None:
     except ValueError as exc:
         ctx.problems.append(str(exc))
         return
-    for fam, keys in SWITCHES.items():
-        for key in (k for k in keys if k in ctx.data):
-            ctx.set(key, "model.model_version", fam) if fam == family else ctx.unset(key)
+    for key in (k for k in dict.fromkeys(_SWITCH_KEYS) if k in ctx.data):
+        ctx.set(key, "model.model_version", family) if key in SWITCHES.get(family, ()) \
+            else ctx.unset(key)
     others = [k for k in KEYS if k in ctx.data and k not in _SWITCH_KEYS]
     if family is None:
         for key in others:
@@ -84,7 +89,7 @@ def flow(ctx: Ctx) -> None:
 def not_passed(key: str) -> str:
     """Why a flow family's key is not needed: kohya_ss passes it with its family's switch."""
     mine = [f for f, r in ROLES.items() if key in r.ONLY or key in BOTH]
-    switch = " / ".join(SWITCHES[f][0] for f in mine)
+    switch = " / ".join(dict.fromkeys(SWITCHES[f][0] for f in mine))
     return f"a {' / '.join(label(f) for f in mine)} setting; kohya_ss passes it only with {switch}"
 
 
