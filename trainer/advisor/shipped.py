@@ -48,7 +48,7 @@ UNET_MODELS = ("sd1", "sd2-512", "sd2-768-v", "sdxl", "embedded:tiny-sd15",
                "embedded:tiny-sdxl")
 FLOW_MODELS = ("flux1-dev", "flux1-schnell", "sd35-large", "sd35-medium", "sd3-medium",
                "embedded:tiny-flux", "embedded:tiny-sd3", "qwen-image", "chroma1-hd",
-               "embedded:tiny-chroma")
+               "embedded:tiny-chroma", "z-image-turbo")
 MODELS = UNET_MODELS + FLOW_MODELS
 MISSING = object()
 _LOADED: dict[str, Any] = {}
