@@ -17,7 +17,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Optional
 
-from trainer.families import flux, sd, sd3, sdxl
+from trainer.families import flux, sd, sd3, sdxl, zimage
 from trainer.families.spec import DetectionError, FamilySpec, Found, ModelLoadError
 
 __all__ = ["FAMILIES", "LAST_RESORT", "DetectionError", "FamilySpec", "Found", "ModelLoadError",
@@ -27,9 +27,9 @@ __all__ = ["FAMILIES", "LAST_RESORT", "DetectionError", "FamilySpec", "Found", "
 # The family folders, one line each; a single file is offered to each folder's detect role in
 # the order of _DETECTION (the transformer layouts first; the UNet families' detection, last,
 # names what a file is when it is none of them).
-_FOLDERS = (sd, sdxl, flux, sd3)
+_FOLDERS = (sd, sdxl, flux, sd3, zimage)
 FAMILIES: dict[str, FamilySpec] = {s.name: s for m in _FOLDERS for s in m.SPECS}
-_DETECTION = ("flux", "sd3", "sd")
+_DETECTION = ("flux", "sd3", "zimage", "sd")
 # the family whose load role opens what detection cannot tell (a .ckpt, a folder of no known
 # pipeline): SD's single-file and folder loads name what such a path holds
 LAST_RESORT = "sd1"  # sd's detection answers for SDXL too

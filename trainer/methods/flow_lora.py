@@ -39,5 +39,8 @@ def save_flow_run_lora(path: str | Path, model: Any, cfg: Any, facts: Any, dtype
 
     transformer = model.denoiser if cfg.network.train_unet else None
     trained = {name: getattr(model, name) for name in encoders}
-    tensors = role(model.version, "lora").run_state_dict(transformer, trained, dtype)
+    lora = role(model.version, "lora")
+    tensors = lora.run_state_dict(transformer, trained, dtype)
+    if hasattr(lora, "save_run_lora"):  # a family that writes its file's metadata itself
+        return lora.save_run_lora(path, tensors, model, cfg, build_lora_metadata(cfg, facts))
     return save_flow_lora(path, tensors, flow_info(model, cfg), build_lora_metadata(cfg, facts))

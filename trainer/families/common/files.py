@@ -10,6 +10,10 @@ base model must be: not empty, not a folder in a file's name, not a LoRA or an e
 ``.ckpt`` that needs more than tensors is refused by ``torch.load(weights_only=True)`` in
 :mod:`trainer.families.sd.single_file`).
 
+:func:`quant_layout` reads which of ComfyUI's quantized forms a file is in (legacy "scaled
+fp8", the current "mixed" one; trainer/families/common/comfy_quant.py applies the scales) and
+refuses the forms nothing here can read (nvfp4, mxfp8), naming the file to download instead.
+
 Each problem is one :class:`ModelFileError` whose message names the file and what is wrong.
 """
 
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +47,7 @@ class SafetensorsHeader:
     path: Path
     tensors: dict[str, dict[str, Any]] = field(default_factory=dict)
     metadata: dict[str, str] = field(default_factory=dict)
+    data_start: int = 0  # the file offset of the tensors' bytes (8 + the header's length)
 
 
 def _size(n: int) -> str:
@@ -148,7 +154,7 @@ def read_safetensors_header(path: str | Path) -> SafetensorsHeader:
     if position != data_size:
         raise _bad(path, f"holds {data_size - position} bytes after its last tensor that the "
                          "header does not describe: a damaged file")
-    return SafetensorsHeader(path, header, metadata)
+    return SafetensorsHeader(path, header, metadata, 8 + length)
 
 
 def kind_of_weights(names: list[str]) -> str | None:
@@ -177,12 +183,151 @@ def check_base_model_file(path: str | Path, field_name: str) -> None:
             return
         if path.suffix.lower() != ".safetensors":
             return
-        names = list(read_safetensors_header(path).tensors)
+        header = read_safetensors_header(path)
+        names = list(header.tensors)
+        kind = kind_of_weights(names)
+        if not kind:  # ComfyUI's nvfp4 / mxfp8 files are refused, naming the file to get
+            quant_layout(header)
     except ModelFileError as exc:
         raise ModelFileError(f"{field_name} = {exc}") from None
-    kind = kind_of_weights(names)
     if kind:
         raise ModelFileError(
             f"{field_name} = {str(path)!r}: this is {kind} ({len(names)} tensors such as "
             f"{names[0][:60]!r}), not a base model; give a full checkpoint or diffusers folder "
             "as the base model")
+
+
+# --- ComfyUI's quantized forms (torch-free: the header, and the few bytes of .comfy_quant) -----
+
+FP8_FORMATS = {"float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2"}  # ComfyUI's name: dtype
+REFUSED_FORMATS = ("nvfp4", "mxfp8")
+SCALED_FP8 = "scaled_fp8"  # the legacy form's marker tensor, at the model's prefix
+QUANT_METADATA = "_quantization_metadata"
+LEGACY_SUFFIXES = (".scale_weight", ".scale_input")
+MIXED_SUFFIXES = (".weight_scale", ".weight_scale_2", ".input_scale", ".comfy_quant")
+
+
+@dataclass(frozen=True)
+class QuantLayout:
+    """How a file stores its weights in ComfyUI's forms (``CU comfy/utils.py``
+    ``convert_old_quants``, ``comfy/ops.py`` ``mixed_precision_ops``).
+
+    ``form``: "plain" (no scales: bf16, or plain fp8 such as ``*_fp8_e4m3fn``), "scaled_fp8"
+    (the legacy form: a ``scaled_fp8`` marker tensor, ``<layer>.scale_weight`` and
+    ``<layer>.scale_input``) or "mixed" (``<layer>.weight_scale``, ``<layer>.input_scale``,
+    per layer a ``<layer>.comfy_quant`` JSON or the header's ``_quantization_metadata``).
+    ``scales``: each scaled weight's key -> its scale's key (the weight is ``fp8 * scale``);
+    ``formats``: each quantized weight's key -> ComfyUI's format name; ``dropped``: the keys
+    that are no weights (markers, scales, input scales, ``comfy_quant``)."""
+
+    form: str = "plain"
+    scales: dict[str, str] = field(default_factory=dict)
+    formats: dict[str, str] = field(default_factory=dict)
+    dropped: frozenset[str] = frozenset()
+
+    def weight_keys(self, tensors: dict[str, Any]) -> list[str]:
+        """The header's keys that are weights (in the file's order)."""
+        return [k for k in tensors if k not in self.dropped]
+
+
+def _instead(path: Path) -> str:
+    """The file to download instead of a 4-bit / mxfp8 one (Comfy-Org's names)."""
+    stem = re.sub(r"_?(nvfp4|mxfp8|fp4_mixed|fp4_scaled|fp4)", "", path.stem, flags=re.I)
+    names = (f"{stem}_bf16{path.suffix}' or '{stem}{path.suffix}" if stem != path.stem
+             else "its '_bf16' file")
+    return (f"download the bf16 file of the same model instead ('{names}'), or an fp8 one "
+            f"('_fp8_e4m3fn', '_fp8_scaled', '_fp8_mixed'): those are read")
+
+
+def _refuse(path: Path, layer: str, fmt: Any) -> ModelFileError:
+    if fmt in REFUSED_FORMATS:
+        return _bad(path, f"is quantized in ComfyUI's {fmt} form (layer {_short(layer)!r}), "
+                          f"which this trainer cannot read or train on; {_instead(path)}")
+    return _bad(path, f"layer {_short(layer)!r} is quantized in an unknown ComfyUI format "
+                      f"{str(fmt)[:40]!r}; {_instead(path)}")
+
+
+def _comfy_quant_json(header: SafetensorsHeader, key: str) -> dict[str, Any]:
+    """One layer's ``.comfy_quant`` tensor: uint8 bytes of a JSON object."""
+    info = header.tensors[key]
+    begin, end = info["data_offsets"]
+    if info["dtype"] != "U8" or end - begin > 4096:
+        raise _bad(header.path, f"{_short(key)!r} is not ComfyUI's JSON bytes (uint8)")
+    with header.path.open("rb") as f:
+        f.seek(header.data_start + begin)
+        raw = f.read(end - begin)
+    try:
+        conf = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        conf = None
+    if not isinstance(conf, dict):
+        raise _bad(header.path, f"{_short(key)!r} holds no JSON object: a damaged file")
+    return conf
+
+
+def _mixed_layers(header: SafetensorsHeader) -> dict[str, Any]:
+    """{layer: its JSON} of the mixed form; the header's ``_quantization_metadata`` wins over
+    the ``.comfy_quant`` tensors, as in ComfyUI's ``convert_old_quants``."""
+    layers = {k[: -len(".comfy_quant")]: _comfy_quant_json(header, k)
+              for k in header.tensors if k.endswith(".comfy_quant")}
+    if QUANT_METADATA in header.metadata:
+        try:
+            table = json.loads(header.metadata[QUANT_METADATA])
+        except ValueError:
+            table = None
+        if not isinstance(table, dict) or not isinstance(table.get("layers"), dict):
+            raise _bad(header.path, f"its {QUANT_METADATA} entry is not ComfyUI's "
+                                    "{\"layers\": {...}} JSON: a damaged file")
+        layers.update(table["layers"])
+    return layers
+
+
+def _mixed(header: SafetensorsHeader, layers: dict[str, Any]) -> QuantLayout:
+    scales, formats, dropped = {}, {}, set()
+    for layer, conf in layers.items():
+        fmt = conf.get("format") if isinstance(conf, dict) else None
+        if fmt not in FP8_FORMATS:
+            raise _refuse(header.path, layer, fmt)
+        formats[f"{layer}.weight"] = fmt
+        if f"{layer}.weight_scale" in header.tensors:
+            scales[f"{layer}.weight"] = f"{layer}.weight_scale"
+        dropped |= {layer + s for s in MIXED_SUFFIXES if layer + s in header.tensors}
+    return QuantLayout("mixed", scales, formats, frozenset(dropped))
+
+
+def _legacy(header: SafetensorsHeader) -> QuantLayout | None:
+    markers = [k for k in header.tensors if k == SCALED_FP8 or k.endswith("." + SCALED_FP8)]
+    if not markers:
+        return None
+    prefixes = tuple(k[: -len(SCALED_FP8)] for k in markers)
+    # the marker's dtype names the fp8 type; a float32 marker means float8_e4m3fn
+    fmt = {"F8_E5M2": "float8_e5m2"}.get(header.tensors[markers[0]]["dtype"], "float8_e4m3fn")
+    scales, formats, dropped = {}, {}, set(markers)
+    for key in header.tensors:
+        if not key.startswith(prefixes) or not key.endswith(LEGACY_SUFFIXES):
+            continue
+        dropped.add(key)
+        layer = key.rsplit(".", 1)[0]
+        if key.endswith(".scale_weight") and f"{layer}.weight" in header.tensors:
+            scales[f"{layer}.weight"] = key
+            formats[f"{layer}.weight"] = fmt
+    return QuantLayout("scaled_fp8", scales, formats, frozenset(dropped))
+
+
+def quant_layout(header: SafetensorsHeader) -> QuantLayout:
+    """Which of ComfyUI's forms a checked header's file is in (:class:`QuantLayout`); raises
+    :class:`ModelFileError` naming the file (and the file to get instead) for nvfp4, mxfp8 and
+    unknown formats."""
+    layers = _mixed_layers(header)
+    if layers:
+        return _mixed(header, layers)
+    if QUANT_METADATA not in header.metadata:
+        legacy = _legacy(header)
+        if legacy is not None:
+            return legacy
+    return QuantLayout()
+
+
+def read_quant_layout(path: str | Path) -> QuantLayout:
+    """:func:`quant_layout` of a file (its header read and checked first)."""
+    return quant_layout(read_safetensors_header(path))

@@ -1,0 +1,59 @@
+"""Z-Image as the loader reads it: a diffusers folder (``ZImagePipeline``), or a single file of
+the transformer (native or diffusers layout, bf16 or fp8) with the text-encoder file that
+``model.text_encoder`` names and the VAE file of ``model.ae`` (:mod:`.single_file`). Each
+function returns the fields of :class:`trainer.models.loader.BaseModel`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from trainer.families.spec import ModelLoadError
+
+FIELD = "model.pretrained_model_name_or_path"
+MAX_SEQUENCE_LENGTH = 512  # ZImagePipeline's max_sequence_length
+
+
+def _check_version(path: Path, section: Any, what: str) -> None:
+    if section.model_version not in ("auto", "zimage"):
+        raise ModelLoadError(f"{FIELD} = {str(path)!r}: model.model_version = "
+                             f"{section.model_version!r}, but it is {what}; set it to 'auto' "
+                             f"or 'zimage'")
+
+
+def variant_of(path: Path) -> str:
+    """``turbo`` unless the name says Base (Turbo and Base have the same keys and configs)."""
+    return "base" if "base" in path.name.lower() else "turbo"
+
+
+def load_folder(path: Path, section: Any, name: str = "zimage") -> dict[str, Any]:
+    """A ``ZImagePipeline`` folder, every component by diffusers' ``from_pretrained``."""
+    import diffusers
+
+    _check_version(path, section, "a Z-Image pipeline folder")
+    if section.vae:
+        raise ModelLoadError(f"model.vae is set, but {FIELD} is a Z-Image folder, whose VAE is "
+                             f"its own; unset model.vae")
+    try:
+        parts = diffusers.ZImagePipeline.from_pretrained(path, local_files_only=True).components
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(f"{FIELD} = {str(path)!r}: cannot load the Z-Image folder "
+                             f"({exc})") from None
+    variant = variant_of(path)
+    return dict(denoiser=parts["transformer"], noise_scheduler=parts["scheduler"],
+                vae=parts["vae"], text_encoder=parts["text_encoder"],
+                tokenizer=parts["tokenizer"], version="zimage", variant=variant,
+                prediction_type="flow", source=str(path), name=path.name,
+                description=f"{'Z-Image Turbo' if variant == 'turbo' else 'Z-Image'} "
+                            f"(diffusers folder)",
+                t5_max_length=MAX_SEQUENCE_LENGTH)
+
+
+def load_file(path: Path, section: Any, *, dtype: Any = None, t5_frozen: bool = False,
+              defer_denoiser: bool = False, fresh: bool = True) -> dict[str, Any]:
+    """A Z-Image single file and its part files (see :mod:`.single_file`)."""
+    from trainer.families.zimage.single_file import load_single_file
+
+    _check_version(path, section, "a Z-Image file")
+    return load_single_file(path, section, dtype=dtype, text_frozen=t5_frozen,
+                            defer_denoiser=defer_denoiser, fresh=fresh)

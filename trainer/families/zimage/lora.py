@@ -1,0 +1,157 @@
+"""Z-Image LoRA: which diffusers modules train, and the file in the form ComfyUI and diffusers
+both load.
+
+**What trains** (musubi-tuner's ``networks/lora_zimage.py``): the Linear layers of the 30 main
+``layers.N``: the attention's ``to_q``/``to_k``/``to_v``/``to_out.0`` and the SwiGLU's
+``feed_forward.w1``/``w2``/``w3``; not the refiners, the adaLN modulations nor the embedders.
+
+**The file** names the modules by the original (ComfyUI native) layout in kohya form::
+
+    lora_unet_layers_0_attention_qkv.lora_down.weight    [3R, dim]
+    lora_unet_layers_0_attention_qkv.lora_up.weight      [3 dim, 3R]  block-diagonal
+    lora_unet_layers_0_attention_qkv.alpha               update = up @ down * alpha / 3R
+    lora_unet_layers_0_attention_out.*                   (diffusers' to_out.0)
+    lora_unet_layers_0_feed_forward_w1.*                 (w2, w3 alike)
+
+Why this form: ComfyUI maps ``lora_unet_`` + every native weight's path with dots as
+underscores (``comfy/lora.py`` ``model_lora_keys_unet``), and the native layout fuses q, k, v
+into ``attention.qkv`` and names the output ``attention.out``; musubi-tuner's raw names on
+diffusers' modules (``..._attention_to_q``, ``..._to_out_0``) are the ones ComfyUI logs as "lora
+key not loaded" (musubi-tuner issue 770). diffusers' ``ZImagePipeline.load_lora_weights``
+(``_convert_non_diffusers_z_image_lora_to_diffusers``) reads these names too: it splits the
+fused ``qkv`` rows back into ``to_q``/``to_k``/``to_v`` (each with the whole ``lora_down``, which
+the block-diagonal ``up`` makes exact) and bakes ``alpha / rank`` in.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Optional
+
+import torch
+
+from trainer.export.lora import _check_exportable, iter_lora_layers
+from trainer.export.names import kohya_module_name, unwrap
+
+UNET_PREFIX = "lora_unet"
+# native part (kohya name after the block) -> the diffusers modules of the block it covers,
+# in the fused weight's row order (ComfyUI's z_image_to_diffusers)
+PARTS: dict[str, tuple[str, ...]] = {
+    "attention_qkv": ("attention.to_q", "attention.to_k", "attention.to_v"),
+    "attention_out": ("attention.to_out.0",),
+    "feed_forward_w1": ("feed_forward.w1",),
+    "feed_forward_w2": ("feed_forward.w2",),
+    "feed_forward_w3": ("feed_forward.w3",),
+}
+BLOCKS = ("layers", "noise_refiner", "context_refiner")
+TRAINED_BLOCKS = ("layers",)  # musubi-tuner's choice
+BASE_MODEL_VERSION = "zimage"  # ss_base_model_version (the spec's kohya_version)
+
+
+def block_count(transformer: torch.nn.Module, block: str) -> int:
+    pattern = re.compile(rf"^{block}\.(\d+)$")
+    found = [int(m.group(1)) for n, _ in unwrap(transformer).named_modules()
+             if (m := pattern.match(n))]
+    return max(found) + 1 if found else 0
+
+
+def part_modules(transformer: torch.nn.Module, blocks: tuple[str, ...] = BLOCKS
+                 ) -> dict[str, tuple[str, ...]]:
+    """Native module path (``layers.0.attention.qkv``) -> the diffusers paths it covers."""
+    out = {}
+    for block in blocks:
+        for n in range(block_count(transformer, block)):
+            for part, modules in PARTS.items():
+                native = f"{block}.{n}.{part.replace('_', '.', 1)}"
+                out[native.replace("feed.forward", "feed_forward")] = tuple(
+                    f"{block}.{n}.{m}" for m in modules)
+    return out
+
+
+def target_modules(transformer: torch.nn.Module, train_blocks: str = "all") -> list[str]:
+    """The diffusers module paths peft wraps (full paths: matched exactly)."""
+    return sorted(m for group in part_modules(transformer, TRAINED_BLOCKS).values()
+                  for m in group)
+
+
+def fuse(layers: list[Any], rows: list[int], adapter: str = "default"
+         ) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """(down, up, alpha) of a fused Linear from its parts' peft layers, in float32: the parts'
+    ``lora_A`` stacked, their ``lora_B`` block-diagonal, ``alpha / R`` the parts' scale (a part
+    of another scale has it folded into its block, with ``alpha = R``)."""
+    scales = [float(layer.scaling[adapter]) for layer in layers]
+    same = all(abs(s - scales[0]) <= 1e-6 * abs(scales[0]) for s in scales)
+    downs = [layer.lora_A[adapter].weight.detach().float() for layer in layers]
+    rank = sum(d.shape[0] for d in downs)
+    up = torch.zeros(sum(rows), rank, dtype=torch.float32, device=downs[0].device)
+    row = col = 0
+    for layer, n, scale in zip(layers, rows, scales):
+        b = layer.lora_B[adapter].weight.detach().float()
+        up[row:row + n, col:col + b.shape[1]] = b * (1.0 if same else scale)
+        row, col = row + n, col + b.shape[1]
+    return torch.cat(downs, dim=0), up, (scales[0] if same else 1.0) * rank
+
+
+def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return t.detach().to(device="cpu", dtype=dtype).contiguous()
+
+
+def kohya_tensors(transformer: torch.nn.Module, dtype: torch.dtype = torch.bfloat16,
+                  adapter: str = "default") -> dict[str, torch.Tensor]:
+    """The file's tensors of a peft-adapted ``ZImageTransformer2DModel`` (native names)."""
+    layers = dict(iter_lora_layers(transformer, adapter))
+    for name, layer in layers.items():
+        _check_exportable(name, layer, adapter)
+    out: dict[str, torch.Tensor] = {}
+    used: set[str] = set()
+    for native, modules in part_modules(transformer).items():
+        present = [m for m in modules if m in layers]
+        if not present:
+            continue
+        if len(present) != len(modules):
+            raise ValueError(f"LoRA on {present} but not on all of {list(modules)}: the fused "
+                             f"{native} of the file needs all of them")
+        rows = [unwrap(transformer).get_submodule(m).out_features for m in modules]
+        down, up, alpha = fuse([layers[m] for m in modules], rows, adapter)
+        key = kohya_module_name(UNET_PREFIX, native)
+        out[key + ".lora_down.weight"] = _cast(down, dtype)
+        out[key + ".lora_up.weight"] = _cast(up, dtype)
+        out[key + ".alpha"] = torch.tensor(alpha, dtype=dtype)
+        used.update(modules)
+    left = sorted(set(layers) - used)
+    if left:
+        raise ValueError(f"LoRA on {left[:5]} has no name in Z-Image's native layout; train "
+                         f"only the modules of target_modules()")
+    return out
+
+
+def run_state_dict(transformer: Optional[torch.nn.Module], encoders: dict[str, Any],
+                   dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The run's LoRA file tensors (the transformer's; Z-Image's LoRA trains no text
+    encoder: trainer/families/zimage/rules.py)."""
+    if encoders:
+        raise ValueError("a Z-Image LoRA trains the transformer only")
+    if transformer is None:
+        raise ValueError("no LoRA layers to save")
+    return kohya_tensors(transformer, dtype)
+
+
+def save_run_lora(path: Any, tensors: dict[str, torch.Tensor], model: Any, cfg: Any,
+                  metadata: dict[str, Any]) -> Any:
+    """Write the run's file with sd-scripts' ``ss_*`` keys and the family's own."""
+    from trainer.export.hashes import add_hashes
+    from trainer.system.safe_write import save_safetensors_atomic
+
+    f = cfg.flow
+    meta = {k: str(v) for k, v in metadata.items()
+            if k not in ("sshs_model_hash", "sshs_legacy_hash", "modelspec.hash_sha256")}
+    meta.update({"ss_base_model_version": BASE_MODEL_VERSION, "ss_v2": "False",
+                 "ss_network_module": "networks.lora_zimage",
+                 "modelspec.architecture": f"z-image-{model.variant or 'turbo'}/lora",
+                 "modelspec.implementation": "https://github.com/Tongyi-MAI/Z-Image",
+                 "ss_timestep_sampling": str(f.timestep_sampling),
+                 "ss_discrete_flow_shift": str(float(f.discrete_flow_shift)),
+                 "ss_weighting_scheme": str(f.weighting_scheme)})
+    meta.pop("modelspec.prediction_type", None)
+    meta.setdefault("modelspec.sai_model_spec", "1.0.1")
+    return save_safetensors_atomic(path, tensors, add_hashes(meta, tensors))
