@@ -1,7 +1,7 @@
 """A Z-Image at real width and reduced depth, with random weights, as a diffusers folder, and
 a few 256 px images: the model and data of bench/zimage_lora_vs_diffusers.py.
 
-    .venv/bin/python bench/zimage_model.py OUT_DIR [--layers 2] [--refiners 1] [--te-layers 2]
+    .venv/bin/python bench/zimage_model.py OUT_DIR [--layers 1] [--refiners 1] [--te-layers 2]
 
 Writes ``OUT_DIR/model`` (a ``ZImagePipeline`` folder), ``OUT_DIR/images`` (the images alone,
 as diffusers' DreamBooth example reads a folder) and ``OUT_DIR/data/1_shape`` (the same images
@@ -106,7 +106,7 @@ def build_images(out: Path, count: int = IMAGES) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path)
-    parser.add_argument("--layers", type=int, default=2, help="main blocks (real: 30)")
+    parser.add_argument("--layers", type=int, default=1, help="main blocks (real: 30)")
     parser.add_argument("--refiners", type=int, default=1,
                         help="noise and context refiner blocks each (real: 2)")
     parser.add_argument("--te-layers", type=int, default=2, help="Qwen3 layers (real: 36)")
