@@ -59,3 +59,22 @@ def test_a_zimage_folder_reads_its_transformer_after_qwen3_is_released(tmp_path,
     assert first.keys() == before.keys()
     for key, tensor in first.items():
         assert torch.equal(tensor, before[key]), key
+
+
+def test_a_zimage_folder_s_bf16_text_encoder_runs_in_the_run_s_dtype(tmp_path):
+    """transformers 5 reads Qwen3 in the dtype it is stored in (bf16 in the released folders);
+    an fp32 run encodes in fp32, as diffusers' example does (a bf16 matmul on a CPU without
+    bf16 units is several times slower), and a bf16 run keeps it in bf16."""
+    from transformers import Qwen3Model
+
+    from trainer.config.sections.model import ModelSection
+    from trainer.families.zimage.tiny import save_tiny_zimage
+    from trainer.models.loader import load_base_model
+
+    folder = save_tiny_zimage(tmp_path / "zimage")
+    encoder = Qwen3Model.from_pretrained(folder / "text_encoder")
+    encoder.to(torch.bfloat16).save_pretrained(folder / "text_encoder")
+    section = ModelSection(pretrained_model_name_or_path=str(folder))
+    assert load_base_model(section).text_encoder.dtype == torch.bfloat16  # as stored
+    assert load_base_model(section, torch.float32).text_encoder.dtype == torch.float32
+    assert load_base_model(section, torch.bfloat16).text_encoder.dtype == torch.bfloat16

@@ -104,7 +104,7 @@ def load_base_model(section: ModelSection, dtype: Any = None, t5_frozen: bool = 
         )
     file_checks.check_base_model_file(path, FIELD)  # empty, truncated, lying, a LoRA ...
     if path.is_dir():
-        return _from_folder(path, section, defer_denoiser)
+        return _from_folder(path, section, dtype, defer_denoiser)
     if path.suffix.lower() in (".safetensors", ".ckpt"):
         cached = _cache_folder(path, section) if section.cache_as_diffusers else None
         if cached is not None and (cached / CACHE_INFO).is_file():
@@ -136,15 +136,18 @@ def _folder_version(path: Path) -> str:
     return folder_family(path) or registry.LAST_RESORT  # its load names what is missing
 
 
-def _from_folder(path: Path, section: ModelSection, defer_denoiser: bool = False) -> BaseModel:
-    """A diffusers folder through its family's load role; ``defer_denoiser`` reaches a role
-    whose ``load_folder`` takes it (the denoiser then waits for ``build_denoiser``)."""
+def _from_folder(path: Path, section: ModelSection, dtype: Any = None,
+                 defer_denoiser: bool = False) -> BaseModel:
+    """A diffusers folder through its family's load role; ``dtype`` (the run's compute dtype)
+    and ``defer_denoiser`` reach a role whose ``load_folder`` takes them (the denoiser then
+    waits for ``build_denoiser``)."""
     import inspect
 
     name = _folder_version(path)
     load_folder = registry.role(name, "load").load_folder
-    extra = ({"defer_denoiser": True} if defer_denoiser
-             and "defer_denoiser" in inspect.signature(load_folder).parameters else {})
+    takes = inspect.signature(load_folder).parameters
+    extra = {key: value for key, value in (("dtype", dtype), ("defer_denoiser", defer_denoiser))
+             if value not in (None, False) and key in takes}
     return BaseModel(**load_folder(path, section, name, **extra))
 
 

@@ -26,11 +26,14 @@ def variant_of(path: Path) -> str:
     return "base" if "base" in path.name.lower() else "turbo"
 
 
-def load_folder(path: Path, section: Any, name: str = "zimage",
-                defer_denoiser: bool = False) -> dict[str, Any]:
+def load_folder(path: Path, section: Any, name: str = "zimage", defer_denoiser: bool = False,
+                dtype: Any = None) -> dict[str, Any]:
     """A ``ZImagePipeline`` folder, every component by diffusers' ``from_pretrained``;
     ``defer_denoiser``: the transformer is read only when ``build_denoiser(dtype)`` is called
-    (trainer/run/text_first.py: once the captions are encoded and Qwen3 let go)."""
+    (trainer/run/text_first.py: once the captions are encoded and Qwen3 let go). Qwen3 is
+    cast to ``dtype`` (the run's compute dtype): transformers 5 reads it in the dtype it is
+    stored in (bf16 in the released folders), which the run would otherwise keep in an fp32
+    run (a bf16 matmul on a CPU without bf16 units is several times slower)."""
     import diffusers
 
     _check_version(path, section, "a Z-Image pipeline folder")
@@ -45,6 +48,8 @@ def load_folder(path: Path, section: Any, name: str = "zimage",
         raise ModelLoadError(f"{FIELD} = {str(path)!r}: cannot load the Z-Image folder "
                              f"({exc})") from None
     variant = variant_of(path)
+    if dtype is not None and parts["text_encoder"].dtype.is_floating_point:
+        parts["text_encoder"].to(dtype)
     return dict(denoiser=parts["transformer"], noise_scheduler=parts["scheduler"],
                 build_denoiser=(lambda dtype: _folder_transformer(path, dtype))
                 if defer_denoiser else None,
