@@ -18,7 +18,11 @@ by default: the example encodes the prompt once and runs the VAE at every step (
 ``--cache_latents``); the studio caches the text and the latents (encoded as epoch 1 reaches
 each image). Their targets differ where neither can be told to match: the example trains the
 attention (to_q, to_k, to_v, to_out.0) of every block, refiners included; the studio its
-family's (musubi-tuner's: attention and SwiGLU of the main layers).
+family's (musubi-tuner's: attention and SwiGLU of the main layers), so its backward pass stops
+at the main layers, where the example's goes on through the refiners: at the bench's depth
+(one main layer, two refiners) that is a large share of a step, at the real depth (30 and 4)
+a small one. ``--studio-root`` runs another checkout's trainer/ (e.g. a fix, against the
+same example figures).
 
 ``--reps`` rounds, the tools alternated, one run at a time, each started once the 1-minute load
 average is under ``--max-load`` (or after ``--load-wait`` seconds, noted). For each run: s/step

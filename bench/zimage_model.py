@@ -13,7 +13,8 @@ The model (fixed seed, stored in bf16 as the released files are):
 - transformer: ``ZImageTransformer2DModel`` with the real config (dim 3840, 30 heads of 128,
   SwiGLU hidden 10240, caption features 2560, patch 2, RoPE theta 256, axes [32, 48, 48]) but
   ``--layers`` main blocks and ``--refiners`` noise and context refiner blocks (real: 30 and 2),
-  about 0.18 G parameters a block;
+  about 0.18 G parameters a block; the default, one of each (0.55 G parameters, 2.05 GiB in
+  fp32), keeps a 256 px fp32 step near a minute on 2 AVX2 cores shared with other work;
 - text encoder: ``Qwen3Model`` at Qwen3-4B's width (hidden 2560, 32 heads, 8 KV heads, MLP
   9728) with ``--te-layers`` layers (real: 36), its vocabulary the tokenizer's;
 - tokenizer: the tiny offline Qwen2 tokenizer of trainer/families/common/tiny_qwen.py;
