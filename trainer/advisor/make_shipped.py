@@ -111,7 +111,9 @@ def run_task(task: tuple[Any, ...]) -> dict[str, Any]:
             footprint.step_law(configs, cfg, dtype, task[4], task[5])
     else:
         config = flow_config(model)
-        cfg = from_dict({"network": {"network_dim": 4, "train_blocks": task[2]}}, "shipped")
+        # the model's family named: train_blocks is read by some flow families only
+        cfg = from_dict({"model": {"model_version": family_of(model)},
+                         "network": {"network_dim": 4, "train_blocks": task[2]}}, "shipped")
         if kind == "flow weights":
             flow_memory.flow_weights(config, cfg)
         else:

@@ -92,7 +92,8 @@ def load_base_model(section: ModelSection, dtype: Any = None, t5_frozen: bool = 
     FLUX.1 / SD 3.x single file is built in (the others load in fp32, but for an SD file's UNet
     with model.base_precision = "fp8", stored in fp8 at the load); ``t5_frozen``: the run
     does not train T5 (its fp8 storage may then begin at the load); ``defer_denoiser``: a
-    FLUX.1 / SD 3.x single file's transformer is left unbuilt (``denoiser`` None) until
+    FLUX.1 / SD 3.x single file's transformer, or that of a folder whose family's load role
+    takes ``defer_denoiser``, is left unbuilt (``denoiser`` None) until
     ``build_denoiser(dtype)`` is called (trainer/run/text_first.py)."""
     lazy_diffusers.install()  # import only the UNet / transformer and autoencoder it uses
     path = resolve_model_path(section.pretrained_model_name_or_path)
@@ -103,7 +104,7 @@ def load_base_model(section: ModelSection, dtype: Any = None, t5_frozen: bool = 
         )
     file_checks.check_base_model_file(path, FIELD)  # empty, truncated, lying, a LoRA ...
     if path.is_dir():
-        return _from_folder(path, section)
+        return _from_folder(path, section, dtype, defer_denoiser)
     if path.suffix.lower() in (".safetensors", ".ckpt"):
         cached = _cache_folder(path, section) if section.cache_as_diffusers else None
         if cached is not None and (cached / CACHE_INFO).is_file():
@@ -135,10 +136,19 @@ def _folder_version(path: Path) -> str:
     return folder_family(path) or registry.LAST_RESORT  # its load names what is missing
 
 
-def _from_folder(path: Path, section: ModelSection) -> BaseModel:
-    """A diffusers folder through its family's load role."""
+def _from_folder(path: Path, section: ModelSection, dtype: Any = None,
+                 defer_denoiser: bool = False) -> BaseModel:
+    """A diffusers folder through its family's load role; ``dtype`` (the run's compute dtype)
+    and ``defer_denoiser`` reach a role whose ``load_folder`` takes them (the denoiser then
+    waits for ``build_denoiser``)."""
+    import inspect
+
     name = _folder_version(path)
-    return BaseModel(**registry.role(name, "load").load_folder(path, section, name))
+    load_folder = registry.role(name, "load").load_folder
+    takes = inspect.signature(load_folder).parameters
+    extra = {key: value for key, value in (("dtype", dtype), ("defer_denoiser", defer_denoiser))
+             if value not in (None, False) and key in takes}
+    return BaseModel(**load_folder(path, section, name, **extra))
 
 
 # --- single checkpoint files ------------------------------------------------------------------
