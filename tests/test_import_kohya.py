@@ -97,7 +97,8 @@ def test_other_families_are_refused_naming_the_key(data, named):
     with pytest.raises(ConfigError) as err:
         import_kohya(data, source="x.json")
     assert len(err.value.problems) == 1 and named in str(err.value)
-    assert "SD 1.x, SD 2.x, SDXL, FLUX.2, FLUX.1 and SD 3.5 only" in str(err.value)
+    assert "SD 1.x, SD 2.x, SDXL, FLUX.2, FLUX.1, SD 3.5, Chroma, Qwen-Image and Z-Image only" \
+        in str(err.value)
 
 
 def test_strings_empty_values_and_zero_mean_what_kohya_means():

@@ -88,7 +88,7 @@ def flow(ctx: Ctx) -> None:
 
 def not_passed(key: str) -> str:
     """Why a flow family's key is not needed: kohya_ss passes it with its family's switch."""
-    mine = [f for f, r in ROLES.items() if key in r.ONLY or key in BOTH]
+    mine = [f for f, r in ROLES.items() if f in SWITCHES and (key in r.ONLY or key in BOTH)]
     switch = " / ".join(dict.fromkeys(SWITCHES[f][0] for f in mine))
     return f"a {' / '.join(label(f) for f in mine)} setting; kohya_ss passes it only with {switch}"
 
