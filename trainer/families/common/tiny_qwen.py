@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import collections
 
-from trainer.families.sd.tiny import _CORPUS, bytes_to_unicode
+from trainer.families.sd.tiny import _CORPUS, _merge, bytes_to_unicode
 
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>",
             "<|vision_end|>", "<|image_pad|>", "<|vision_pad|>", "<think>", "</think>")
@@ -44,19 +44,6 @@ def _learn(words: list[str], num_merges: int) -> list[tuple[str, str]]:
         merges.append(best)
         seqs = {_merge(seq, best): count for seq, count in seqs.items()}
     return merges
-
-
-def _merge(seq: tuple[str, ...], pair: tuple[str, str]) -> tuple[str, ...]:
-    out: list[str] = []
-    i = 0
-    while i < len(seq):
-        if i + 1 < len(seq) and (seq[i], seq[i + 1]) == pair:
-            out.append(seq[i] + seq[i + 1])
-            i += 2
-        else:
-            out.append(seq[i])
-            i += 1
-    return tuple(out)
 
 
 def vocab_and_merges() -> tuple[dict[str, int], list[tuple[str, str]]]:
