@@ -1,9 +1,10 @@
-"""FLUX.2 as the loader reads it: a diffusers folder (``Flux2KleinPipeline``), or a single file
-of the transformer (BFL or diffusers layout, bf16 or fp8) with the Qwen3 text-encoder file that
-``model.text_encoder`` names and the VAE file of ``model.ae`` (:mod:`.single_file`). FLUX.2
-[dev] (``Flux2Pipeline``, Mistral-Small-3's text encoder) is detected and refused with the
-reason: its text encoder is not built here yet. Each function returns the fields of
-:class:`trainer.models.loader.BaseModel`."""
+"""FLUX.2 as the loader reads it: a diffusers folder (``Flux2KleinPipeline`` for klein,
+``Flux2Pipeline`` for dev), or a single file of the transformer (BFL or diffusers layout, bf16
+or fp8) with the text-encoder file that ``model.text_encoder`` names (Qwen3 for klein,
+Mistral-Small-3 for dev) and the VAE file of ``model.ae`` (:mod:`.single_file`). A dev folder's
+``tokenizer/`` is a ``PixtralProcessor``'s, which needs torchvision: its tokenizer is read alone
+(:mod:`trainer.families.common.qwen_tokenizers`' "mistral3" kind), which encodes text prompts
+the same. Each function returns the fields of :class:`trainer.models.loader.BaseModel`."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from trainer.families.flux2.detect import (
-    DEV_REFUSED,
     LABELS,
     MAX_SEQUENCE_LENGTH,
     base_from_name,
@@ -46,13 +46,17 @@ def load_folder(path: Path, section: Any, name: str = "flux2") -> dict[str, Any]
 
     check_version(path, section, "a FLUX.2 pipeline folder")
     index = json.loads((Path(path) / "model_index.json").read_text(encoding="utf-8"))
-    if index.get("_class_name") != "Flux2KleinPipeline":
-        raise ModelLoadError(f"{FIELD} = {str(path)!r}: {DEV_REFUSED}")
     if section.vae:
         raise ModelLoadError(f"model.vae is set, but {FIELD} is a FLUX.2 folder, whose VAE is "
                              f"its own; unset model.vae")
+    pipeline = getattr(diffusers, index["_class_name"])
+    extra = {}
+    if (index.get("tokenizer") or [None, None])[1] == "PixtralProcessor":
+        from trainer.families.common.qwen_tokenizers import load_qwen_tokenizer
+
+        extra["tokenizer"] = load_qwen_tokenizer("mistral3", section.tokenizer or str(path))
     try:
-        pipe = diffusers.Flux2KleinPipeline.from_pretrained(path, local_files_only=True)
+        pipe = pipeline.from_pretrained(path, local_files_only=True, **extra)
     except (OSError, ValueError, KeyError) as exc:
         raise ModelLoadError(f"{FIELD} = {str(path)!r}: cannot load the FLUX.2 folder "
                              f"({exc})") from None
