@@ -53,6 +53,7 @@ class FamilySpec:
     objective: Objective
     text_encoders: tuple[str, ...]
     embedded: Optional[str] = None
+    more_twins: tuple[str, ...] = ()
     pipelines: tuple[str, ...] = ()
     variants: tuple[Variant, ...] = ()
     part_settings: dict[str, str] = field(default_factory=dict)
@@ -62,6 +63,11 @@ class FamilySpec:
     # a plain LoRA file continues (network.network_weights with network_type "lora"): always
     # for a UNet family; a transformer family's lora role reads its own and the peers' files
     continues_lora: bool = False
+
+    @property
+    def twins(self) -> tuple[str, ...]:
+        """The ids of every tiny twin of the family (``embedded`` first)."""
+        return ((self.embedded,) if self.embedded else ()) + self.more_twins
 
     @property
     def has_t5(self) -> bool:

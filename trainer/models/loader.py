@@ -27,7 +27,7 @@ from trainer.families.common import files as file_checks
 from trainer.families.sd.detect import ModelLoadError
 from trainer.models import lazy_diffusers
 
-EMBEDDED_MODELS = {s.embedded: s.name for s in registry.FAMILIES.values() if s.embedded}
+EMBEDDED_MODELS = {twin: s.name for s in registry.FAMILIES.values() for twin in s.twins}
 
 __all__ = ["BaseModel", "ModelLoadError", "load_base_model", "resolve_model_path",
            "text_embeddings"]

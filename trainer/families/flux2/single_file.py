@@ -1,9 +1,12 @@
-"""FLUX.2 klein from the split files people download: the diffusion model
-(``flux-2-klein-4b.safetensors``, BFL layout, bare or under ``model.diffusion_model.``, or the
-diffusers layout; bf16, plain fp8 or ComfyUI's scaled fp8 / fp8mixed), the Qwen3 text-encoder
-file that ``model.text_encoder`` names (``qwen_3_4b.safetensors``, ``qwen_3_8b.safetensors`` for
-9B) and the VAE file of ``model.ae`` (``flux2-vae.safetensors``); or one all-in-one file holding
-them (``vae.``, ``text_encoders.qwen3_4b.transformer.``).
+"""FLUX.2 from the split files people download: the diffusion model
+(``flux-2-klein-4b.safetensors``, ``flux2_dev_fp8mixed.safetensors``; BFL layout, bare or under
+``model.diffusion_model.``, or the diffusers layout; bf16, plain fp8 or ComfyUI's scaled fp8 /
+fp8mixed), the text-encoder file that ``model.text_encoder`` names (Qwen3 for klein:
+``qwen_3_4b.safetensors``, ``qwen_3_8b.safetensors`` for 9B; Mistral-Small-3 for dev:
+``mistral_3_small_flux2_bf16.safetensors`` / ``_fp8``, :mod:`.mistral`) and the VAE file of
+``model.ae`` (``flux2-vae.safetensors``); or one all-in-one file holding them (``vae.``,
+``text_encoders.qwen3_4b.transformer.`` / ``text_encoders.mistral3_24b.transformer.``). The
+variant (klein 4B / 9B / dev) is read from the header's shapes.
 
 The transformer is built on the meta device from its config (``model.config_dir``'s, else the
 shipped ``trainer/assets/families/flux2-klein-*``, with the header's widths and depths) and
@@ -26,7 +29,7 @@ from typing import Any, Optional
 import torch
 
 from trainer.families.flux2.detect import (
-    DEV_REFUSED,
+    DEV_TEXT_FILE,
     LABELS,
     MAX_SEQUENCE_LENGTH,
     TEXT_PREFIXES,
@@ -44,7 +47,8 @@ TEXT_MARK = "layers.0.self_attn.q_norm.weight"
 FILES = {"model.ae": "flux2-vae.safetensors (Comfy-Org/Flux-2-Klein split_files/vae/, or "
                      "ae.safetensors of black-forest-labs/FLUX.2-dev)",
          "model.text_encoder": "qwen_3_4b.safetensors for klein 4B, qwen_3_8b.safetensors for "
-                               "9B (Comfy-Org/Flux-2-Klein split_files/text_encoders/)"}
+                               "9B (Comfy-Org/Flux-2-Klein split_files/text_encoders/), "
+                               f"{DEV_TEXT_FILE} for dev (Comfy-Org/Flux-2-Dev)"}
 
 
 def _reader(path: Path, dtype: torch.dtype) -> Any:
@@ -208,18 +212,17 @@ def _root(section: Any, variant: str) -> Path:
 
 def load_single_file(path: Path, section: Any, *, dtype: Any = None, text_frozen: bool = False,
                      defer_denoiser: bool = False, fresh: bool = True) -> dict[str, Any]:
-    """The BaseModel fields of a FLUX.2 klein file and the part files its settings name."""
+    """The BaseModel fields of a FLUX.2 file and the part files its settings name."""
     from diffusers import FlowMatchEulerDiscreteScheduler
 
     from trainer.families.common.files import read_safetensors_header
     from trainer.families.common.qwen_tokenizers import load_qwen_tokenizer
+    from trainer.families.flux2.mistral import build_mistral
 
     dtype = dtype or torch.float32
     info = header_info(read_safetensors_header(path).tensors)
     if info is None:
         raise ModelLoadError(f"{FIELD} = {str(path)!r}: no FLUX.2 transformer in it")
-    if info.variant == "dev":
-        raise ModelLoadError(f"{FIELD} = {str(path)!r}: {DEV_REFUSED}")
     if section.vae:
         raise ModelLoadError(f"model.vae is set, but {FIELD} is a FLUX.2 file: name its "
                              f"autoencoder with model.ae")
@@ -231,14 +234,17 @@ def load_single_file(path: Path, section: Any, *, dtype: Any = None, text_frozen
     fp8 = fresh and section.base_precision == "fp8"
     build = lambda d: build_transformer(path, info, root, d, fp8)  # noqa: E731
     text_setting = "model.text_encoder" if text_file != path else FIELD
-    text_encoder = build_text_encoder(text_file, text_setting, root, dtype,
-                                      fresh and section.fp8_text_encoders and text_frozen)
+    fp8_text = fresh and section.fp8_text_encoders and text_frozen
+    dev = variant == "dev"
+    text_encoder = build_mistral(text_file, text_setting, root, dtype, fp8_text, text_frozen) \
+        if dev else build_text_encoder(text_file, text_setting, root, dtype, fp8_text)
     return dict(
         denoiser=None if defer_denoiser else build(dtype),
         build_denoiser=build if defer_denoiser else None,
         vae=build_vae(vae_file, "model.ae" if vae_file != path else FIELD, root, dtype),
         text_encoder=text_encoder,
-        tokenizer=load_qwen_tokenizer("qwen3", section.tokenizer, [text_file, path]),
+        tokenizer=load_qwen_tokenizer("mistral3" if dev else "qwen3", section.tokenizer,
+                                      [text_file, path]),
         noise_scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(
             str(root / "scheduler"), local_files_only=True),
         version="flux2", variant=variant, prediction_type="flow", source=str(path),
