@@ -4,8 +4,9 @@ loads back through the studio's own readers, and a stopped run resumes exactly.
 It is parametrized over the registry (:data:`trainer.families.FAMILIES`), so a new family's
 folder is tested here without a line of its own: each tiny twin of each family
 (``FamilySpec.twins``: ``embedded`` and the twins of other variants, such as FLUX.2 [dev]'s
-``embedded:tiny-flux2-dev``). Only the families with an embedded tiny twin take part: SD 2.x has none (it shares SD 1.x's folder and roles, and
-tests/test_families_train.py builds a tiny SD 2.x of its own). For each family, on the CPU, at
+``embedded:tiny-flux2-dev``). Only the families with an embedded tiny twin take part: SD 2.x
+has none (it shares SD 1.x's folder and roles, and tests/test_families_train.py builds a tiny
+SD 2.x of its own). For each family, on the CPU, at
 64 px on two images (so that step 1 of 2 stops mid-epoch):
 
 - **LoRA**, 2 steps: ``tools inspect`` reads the file as the family's LoRA; ``tools merge`` puts
