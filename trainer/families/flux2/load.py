@@ -50,17 +50,20 @@ def load_folder(path: Path, section: Any, name: str = "flux2") -> dict[str, Any]
         raise ModelLoadError(f"model.vae is set, but {FIELD} is a FLUX.2 folder, whose VAE is "
                              f"its own; unset model.vae")
     pipeline = getattr(diffusers, index["_class_name"])
-    extra = {}
+    tokenizer = None  # diffusers then loads the folder's own
     if (index.get("tokenizer") or [None, None])[1] == "PixtralProcessor":
         from trainer.families.common.qwen_tokenizers import load_qwen_tokenizer
 
-        extra["tokenizer"] = load_qwen_tokenizer("mistral3", section.tokenizer or str(path))
+        tokenizer = load_qwen_tokenizer("mistral3", section.tokenizer or str(path))
+    extra = {} if tokenizer is None else {"tokenizer": None}  # not loaded: given after
     try:
         pipe = pipeline.from_pretrained(path, local_files_only=True, **extra)
     except (OSError, ValueError, KeyError) as exc:
         raise ModelLoadError(f"{FIELD} = {str(path)!r}: cannot load the FLUX.2 folder "
                              f"({exc})") from None
     parts = pipe.components
+    if tokenizer is not None:
+        parts["tokenizer"] = tokenizer
     variant = folder_variant(path, index, parts["transformer"].config)
     return dict(denoiser=parts["transformer"], noise_scheduler=parts["scheduler"],
                 vae=parts["vae"], text_encoder=parts["text_encoder"],
