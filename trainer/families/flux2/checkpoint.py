@@ -119,6 +119,13 @@ def qwen3_tensors(text_encoder: torch.nn.Module, prefix: str = "") -> dict[str, 
     return {prefix + k: v for k, v in sd.items() if not (tied and k == "lm_head.weight")}
 
 
+def mistral_tensors(text_encoder: torch.nn.Module, prefix: str = "") -> dict[str, torch.Tensor]:
+    """dev's ``Mistral3ForConditionalGeneration`` in ComfyUI's names (:mod:`.mistral`)."""
+    from trainer.families.flux2.mistral import to_comfy
+
+    return {prefix + to_comfy(k): v for k, v in _weights(text_encoder).items()}
+
+
 def state_dict(components: Mapping[str, Any], parts: Iterable[str] = ("transformer",),
                variant: str = "klein-4b") -> dict[str, torch.Tensor]:
     """The tensors of ``parts`` (``transformer``, ``vae``, ``qwen3``): the transformer alone
@@ -133,7 +140,7 @@ def state_dict(components: Mapping[str, Any], parts: Iterable[str] = ("transform
     if "vae" in parts:
         out.update(vae_tensors(components["vae"], VAE))
     if "qwen3" in parts and variant == "dev":
-        from trainer.families.flux2.mistral import PREFIX, mistral_tensors
+        from trainer.families.flux2.mistral import PREFIX
 
         out.update(mistral_tensors(components["text_encoder"], PREFIX))
     elif "qwen3" in parts:

@@ -63,14 +63,6 @@ def to_comfy(key: str) -> str:
     return found
 
 
-def mistral_tensors(text_encoder: torch.nn.Module, prefix: str = "") -> dict[str, torch.Tensor]:
-    """The encoder's weights in ComfyUI's names (under ``prefix``)."""
-    from trainer.export.names import unwrap
-
-    sd = unwrap(text_encoder).state_dict()
-    return {prefix + to_comfy(k): v.detach().cpu() for k, v in sd.items()}
-
-
 def is_mistral(entries: Any, prefix: str = "") -> bool:
     """Whether the keys hold a Mistral language model (Qwen3 has ``q_norm`` too)."""
     return prefix + MARK in entries and prefix + QWEN_MARK not in entries
@@ -98,7 +90,7 @@ def _module(root: Path, layers: int, vision: bool) -> torch.nn.Module:
 def build_mistral(path: Path, setting: str, root: Path, dtype: torch.dtype, fp8: bool,
                   frozen: bool) -> torch.nn.Module:
     """``Mistral3ForConditionalGeneration`` from ``path`` (ComfyUI's file or our all-in-one)."""
-    from trainer.families.flux2.single_file import _reader, fill_from, finish
+    from trainer.families.flux2.streaming import _reader, fill_from, finish
 
     where = f"{setting} = {str(path)!r}"
     reader = _reader(path, dtype)
