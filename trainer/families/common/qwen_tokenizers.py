@@ -197,10 +197,12 @@ def locate(kind: str, setting: Optional[str], checkpoint: CHECKPOINTS = None) ->
 
 def load(found: Found, kind: str = "qwen3") -> Any:
     """The ``Qwen2Tokenizer`` in ``found`` (the class the Qwen pipelines take); for
-    "mistral3" the fast tokenizer of ``tokenizer.json`` with the folder's chat template."""
-    from transformers import PreTrainedTokenizerFast, Qwen2Tokenizer
+    "mistral3" what ``AutoTokenizer`` makes of the folder (as the ``PixtralProcessor`` that
+    ``Flux2Pipeline`` loads does: the class, and so the padding side, its files name), with the
+    folder's chat template."""
+    from transformers import AutoTokenizer, Qwen2Tokenizer
 
-    cls = PreTrainedTokenizerFast if kind == "mistral3" else Qwen2Tokenizer
+    cls = AutoTokenizer if kind == "mistral3" else Qwen2Tokenizer
     try:
         tokenizer = cls.from_pretrained(str(found.folder), local_files_only=True)
     except (OSError, ValueError, TypeError) as exc:
