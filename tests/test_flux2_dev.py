@@ -142,3 +142,36 @@ def test_a_full_finetune_of_dev_needs_fsdp(tmp_path):
     assert family_problems(rules_config(real, mode="lora"), "flux2") == []
     # the rule is about the published size: the tiny dev twin fine-tunes on one process
     assert family_problems(rules_config(TINY), "flux2") == []
+
+
+def test_a_dev_folder_trains_text_first(tmp_path, monkeypatch):
+    """From a diffusers folder too, Mistral encodes the captions and is released before the
+    transformer is read (dev's 32B transformer and 24B text encoder never share memory)."""
+    from train_helpers import one_image_dataset, small_config
+
+    from trainer.events import ListSink
+    from trainer.families import family_of
+    from trainer.families.flux2 import load
+    from trainer.run import caches, text_first
+    from trainer.run.loop import run
+
+    seen, real_fill, real_read = {}, caches.fill_text_cache, load._folder_transformer
+
+    def fill(s, out, **kwargs):
+        seen["session"] = s
+        real_fill(s, out, **kwargs)
+
+    def read(*args, **kwargs):
+        model = seen["session"].model
+        seen["released"] = [text_first.released(enc) for _, enc, _ in
+                            family_of(model).text_encoders(model)]
+        return real_read(*args, **kwargs)
+
+    monkeypatch.setattr(caches, "fill_text_cache", fill)
+    monkeypatch.setattr(load, "_folder_transformer", read)
+    data = one_image_dataset(tmp_path / "data")
+    cfg = small_config(tmp_path, data, model={"pretrained_model_name_or_path": TINY},
+                       training={"max_train_steps": 2, "mixed_precision": "no"})
+    result = run(cfg, ListSink())
+    assert result.status == "finished", result.error
+    assert seen["released"] == [True]

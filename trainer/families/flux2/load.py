@@ -38,8 +38,14 @@ def folder_variant(path: Path, index: dict[str, Any], transformer_config: Any) -
     return with_base(variant, base)
 
 
-def load_folder(path: Path, section: Any, name: str = "flux2") -> dict[str, Any]:
-    """A ``Flux2KleinPipeline`` folder, every component by diffusers' ``from_pretrained``."""
+def load_folder(path: Path, section: Any, name: str = "flux2", defer_denoiser: bool = False,
+                dtype: Any = None) -> dict[str, Any]:
+    """A ``Flux2KleinPipeline`` / ``Flux2Pipeline`` folder, every component by diffusers'
+    ``from_pretrained``; ``defer_denoiser``: the transformer is read only when
+    ``build_denoiser(dtype)`` is called (trainer/run/text_first.py: once the captions are
+    encoded and the text encoder let go, as for a single file: dev's 32B transformer and 24B
+    Mistral are never in memory together). The text encoder is cast to ``dtype`` (the run's
+    compute dtype; transformers 5 reads it in the dtype it is stored in)."""
     import json
 
     import diffusers
@@ -56,21 +62,35 @@ def load_folder(path: Path, section: Any, name: str = "flux2") -> dict[str, Any]
 
         tokenizer = load_qwen_tokenizer("mistral3", section.tokenizer or str(path))
     extra = {} if tokenizer is None else {"tokenizer": None}  # not loaded: given after
+    if defer_denoiser:
+        extra["transformer"] = None
     try:
-        pipe = pipeline.from_pretrained(path, local_files_only=True, **extra)
+        parts = pipeline.from_pretrained(path, local_files_only=True, **extra).components
     except (OSError, ValueError, KeyError) as exc:
         raise ModelLoadError(f"{FIELD} = {str(path)!r}: cannot load the FLUX.2 folder "
                              f"({exc})") from None
-    parts = pipe.components
     if tokenizer is not None:
         parts["tokenizer"] = tokenizer
-    variant = folder_variant(path, index, parts["transformer"].config)
+    if dtype is not None and parts["text_encoder"].dtype.is_floating_point:
+        parts["text_encoder"].to(dtype)
+    config = json.loads((Path(path) / "transformer" / "config.json").read_text("utf-8"))
+    variant = folder_variant(path, index, config)
     return dict(denoiser=parts["transformer"], noise_scheduler=parts["scheduler"],
+                build_denoiser=(lambda dtype: _folder_transformer(path, dtype))
+                if defer_denoiser else None,
                 vae=parts["vae"], text_encoder=parts["text_encoder"],
                 tokenizer=parts["tokenizer"], version="flux2", variant=variant,
                 prediction_type="flow", source=str(path), name=Path(path).name,
                 description=f"{LABELS[variant]} (diffusers folder)",
                 t5_max_length=MAX_SEQUENCE_LENGTH)
+
+
+def _folder_transformer(path: Path, dtype: Any) -> Any:
+    """The folder's transformer, read in ``dtype`` (the run's compute dtype)."""
+    from diffusers import Flux2Transformer2DModel
+
+    return Flux2Transformer2DModel.from_pretrained(path, subfolder="transformer",
+                                                   torch_dtype=dtype, local_files_only=True)
 
 
 def load_file(path: Path, section: Any, *, dtype: Any = None, t5_frozen: bool = False,
