@@ -169,3 +169,35 @@ def test_a_lora_trains_from_the_split_files_text_first(split, tmp_path, monkeypa
     logs = [e.message for e in sink.of(Log)]
     assert any("FLUX.2 [dev]" in m for m in logs if m.startswith("Base model"))
     assert any(m.startswith("Text encoders released") for m in logs)
+
+
+def test_comfyuis_fp8_text_encoder_file_stays_fp8(split, tmp_path):
+    """``mistral_3_small_flux2_fp8.safetensors``: the language model's Linear weights in
+    ComfyUI's scaled fp8 (``comfy/quant_ops.py``: fp8(W / scale), ``weight_scale``,
+    ``comfy_quant``), read as their scaled values, kept in fp8 when stored so."""
+    import json as _json
+
+    model, files, _ = split
+    tensors, means = {}, {}
+    e4m3 = torch.float8_e4m3fn
+    for key, w in comfy_text_encoder(model.text_encoder).items():
+        if not (key.startswith("model.layers.") and key.endswith("proj.weight")):
+            tensors[key] = w
+            continue
+        layer = key[:-len(".weight")]
+        scale = w.abs().amax().float() / torch.finfo(e4m3).max
+        q = (w.float() / scale).to(e4m3)
+        tensors.update({key: q, f"{layer}.weight_scale": scale,
+                        f"{layer}.comfy_quant": torch.tensor(list(_json.dumps(
+                            {"format": "float8_e4m3fn"}).encode()), dtype=torch.uint8)})
+        means[key.replace("model.", "model.language_model.", 1)] = \
+            (q.float() * scale).to(torch.bfloat16)
+    path = tmp_path / "mistral_3_small_flux2_fp8.safetensors"
+    save_file(tensors, str(path))
+    read = load_base_model(section({**files, "fp8": path}, te="fp8"), dtype=torch.bfloat16)
+    got = read.text_encoder.state_dict()
+    assert means and all(torch.equal(got[k], v) for k, v in means.items())
+    kept = load_base_model(section({**files, "fp8": path}, te="fp8", fp8_text_encoders=True),
+                           dtype=torch.bfloat16, t5_frozen=True)
+    q_proj = kept.text_encoder.model.language_model.layers[0].self_attn.q_proj.weight
+    assert q_proj.dtype == e4m3
