@@ -175,3 +175,29 @@ def test_a_dev_folder_trains_text_first(tmp_path, monkeypatch):
     result = run(cfg, ListSink())
     assert result.status == "finished", result.error
     assert seen["released"] == [True]
+
+
+def test_the_dev_twin_fine_tunes_under_fsdp(tmp_path, model):
+    """The case the refusal points to: DreamBooth of dev sharded over 2 gloo processes (the
+    transformer's blocks as FSDP units); the file it writes is dev's, trained."""
+    from safetensors.torch import load_file
+    from test_fsdp import dreambooth
+
+    from trainer.events import ListSink, Step
+    from trainer.families.flux2.checkpoint import bfl_tensors
+    from trainer.run.launch import run_launched
+
+    cfg = dreambooth(tmp_path, "dev", model={"pretrained_model_name_or_path": TINY},
+                     training={"num_processes": 2, "train_batch_size": 1, "max_train_steps": 2,
+                               "distributed": "fsdp", "mixed_precision": "no",
+                               "gradient_checkpointing": True})
+    assert family_problems(cfg, "flux2") == []
+    sink = ListSink()
+    result = run_launched(cfg, sink)
+    assert result.status == "finished" and result.step == 2, result.error
+    assert [e.step for e in sink.of(Step)] == [1, 2]
+    assert detect_path(result.output_path).header.variant == "dev"
+    trained, base = load_file(result.output_path), bfl_tensors(model.denoiser)
+    assert trained.keys() == base.keys()
+    assert any(not torch.equal(trained[k].float(), base[k].to(trained[k].dtype).float())
+               for k in base)
