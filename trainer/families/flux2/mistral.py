@@ -90,10 +90,10 @@ def _module(root: Path, layers: int, vision: bool) -> torch.nn.Module:
 def build_mistral(path: Path, setting: str, root: Path, dtype: torch.dtype, fp8: bool,
                   frozen: bool) -> torch.nn.Module:
     """``Mistral3ForConditionalGeneration`` from ``path`` (ComfyUI's file or our all-in-one)."""
-    from trainer.families.flux2.streaming import _reader, fill_from, finish
+    from trainer.families.flux2.streaming import fill_from, finish, open_reader
 
     where = f"{setting} = {str(path)!r}"
-    reader = _reader(path, dtype)
+    reader = open_reader(path, dtype)
     prefix = next((p for p in (PREFIX, "") if is_mistral(reader.entries, p)), None)
     if prefix is None:
         raise ModelLoadError(f"{where}: no Mistral-Small-3 text encoder ({MARK} without "

@@ -37,7 +37,7 @@ from trainer.families.flux2.detect import (
     header_info,
     with_base,
 )
-from trainer.families.flux2.streaming import _reader, fill_from, finish
+from trainer.families.flux2.streaming import fill_from, finish, open_reader
 from trainer.families.spec import ModelLoadError
 
 FIELD = "model.pretrained_model_name_or_path"
@@ -70,7 +70,7 @@ def build_transformer(path: Path, info: Flux2FileInfo, root: Path, dtype: torch.
         from trainer.families.common.mmdit_parts import fail
 
         raise fail(where, "transformer", exc) from None
-    reader = _reader(path, dtype)
+    reader = open_reader(path, dtype)
     others = (VAE_PREFIX, "text_encoders.")
     keys = [k for k in reader.entries if k.startswith(info.prefix) and not k.startswith(others)]
     module = fill_from(module, reader, keys, info.prefix,
@@ -88,7 +88,7 @@ def build_text_encoder(path: Path, setting: str, root: Path, dtype: torch.dtype,
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     where = f"{setting} = {str(path)!r}"
-    reader = _reader(path, dtype)
+    reader = open_reader(path, dtype)
     prefix = next((p for p in (*TEXT_PREFIXES, "") if p + "model." + TEXT_MARK in reader.entries),
                   None)
     if prefix is None:
@@ -111,7 +111,7 @@ def build_vae(path: Path, setting: str, root: Path, dtype: torch.dtype) -> torch
     from trainer.families.common.mmdit_parts import fail
 
     where = f"{setting} = {str(path)!r}"
-    reader = _reader(path, dtype)
+    reader = open_reader(path, dtype)
     prefix = next((p for p in ("", VAE_PREFIX) if p + "decoder.conv_in.weight" in reader.entries
                    and p + "bn.running_mean" in reader.entries), None)
     if prefix is None:

@@ -15,7 +15,7 @@ import torch
 GROUP_BYTES = 256 * 2**20
 
 
-def _reader(path: Path, dtype: torch.dtype) -> Any:
+def open_reader(path: Path, dtype: torch.dtype) -> Any:
     from trainer.families.common.comfy_quant import ComfyQuantReader
 
     return ComfyQuantReader(path, dtype)
