@@ -74,6 +74,7 @@ def test_a_qwen_tokenizer_is_not_mistrals_and_none_found_names_the_command(tmp_p
     message = str(caught.value)
     assert 'hf download black-forest-labs/FLUX.2-dev --include "tokenizer/*"' in message
     assert "Mistral-Small-3 (FLUX.2 [dev])" in message and "model.tokenizer" in message
+    assert "gated repository" in message
 
 
 def test_a_processors_template_in_chat_template_json_is_read(tmp_path):

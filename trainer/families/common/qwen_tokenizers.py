@@ -49,6 +49,8 @@ CACHE: dict[str, tuple[tuple[str, str], ...]] = {
 FETCH_REPO = {"qwen3": "Tongyi-MAI/Z-Image-Turbo", "qwen25vl": "Qwen/Qwen-Image",
               "mistral3": "black-forest-labs/FLUX.2-dev"}  # gated: accept its license, log in
 FETCH = {kind: f'hf download {repo} --include "{SLOT}/*"' for kind, repo in FETCH_REPO.items()}
+GATED = {"mistral3": " (a gated repository: accept its license on the Hub and log in with "
+                     "`hf auth login` first)"}
 LABELS = {"qwen3": "Qwen3 (Z-Image, FLUX.2 klein)", "qwen25vl": "Qwen2.5-VL (Qwen-Image)",
           "mistral3": "Mistral-Small-3 (FLUX.2 [dev])"}
 MISTRAL_MARK = "[SYSTEM_PROMPT]"  # in Mistral-Small-3's chat template
@@ -169,8 +171,8 @@ def _missing(kind: str, checkpoints: list[Path], why: str) -> str:
     return (f"the model needs a {LABELS[kind]} tokenizer, which its files do not hold, and none "
             f"was found: not set in model.tokenizer, not beside the file "
             f"({', '.join(places) or '-'}), not in the Hugging Face cache ({cached}).{why} Fetch "
-            f"it once with `{FETCH[kind]}`, or set model.tokenizer to a folder with the "
-            f"tokenizer files (a diffusers folder of the model also works).")
+            f"it once with `{FETCH[kind]}`{GATED.get(kind, '')}, or set model.tokenizer to a "
+            f"folder with the tokenizer files (a diffusers folder of the model also works).")
 
 
 def locate(kind: str, setting: Optional[str], checkpoint: CHECKPOINTS = None) -> Found:
