@@ -97,17 +97,23 @@ def test_the_split_files_load_as_the_folders_model(split):
         assert all(torch.equal(got[k].float(), want[k]) for k in want), name
 
 
-def test_a_frozen_text_encoder_is_built_to_layer_30_with_the_same_features(split):
-    _, files, _ = split
+def test_a_frozen_text_encoder_is_built_to_layer_30_with_the_same_features(split, tmp_path):
+    """31 layers of the twin's 32 (a published file: 40); ComfyUI's pruned 30-layer file too."""
+    model, files, _ = split
     whole = load_base_model(section(files))
     frozen = load_base_model(section(files, te="language"), t5_frozen=True)
     config = frozen.text_encoder.config.text_config
-    assert config.num_hidden_layers == 30 < whole.text_encoder.config.text_config.num_hidden_layers
+    assert config.num_hidden_layers == 31 < whole.text_encoder.config.text_config.num_hidden_layers
     assert frozen.text_encoder.model.vision_tower is None  # the file holds none
+    pruned = tmp_path / "mistral_3_small_flux2_pruned.safetensors"
+    save_file({k: v for k, v in comfy_text_encoder(model.text_encoder).items()
+               if not k.startswith(("model.layers.30.", "model.layers.31."))}, str(pruned))
+    short = load_base_model(section({**files, "pruned": pruned}, te="pruned"))
+    assert short.text_encoder.config.text_config.num_hidden_layers == 30
     with torch.no_grad():
-        a = family_of(whole).encode(whole, ["a red circle", "a shape"], 1).hidden
-        b = family_of(frozen).encode(frozen, ["a red circle", "a shape"], 1).hidden
-    assert torch.equal(a, b)
+        a, b, c = (family_of(m).encode(m, ["a red circle", "a shape"], 1).hidden
+                   for m in (whole, frozen, short))
+    assert torch.equal(a, b) and torch.equal(a, c)
 
 
 def test_fp8_files_and_storage(split):
@@ -201,3 +207,28 @@ def test_comfyuis_fp8_text_encoder_file_stays_fp8(split, tmp_path):
                            dtype=torch.bfloat16, t5_frozen=True)
     q_proj = kept.text_encoder.model.language_model.layers[0].self_attn.q_proj.weight
     assert q_proj.dtype == e4m3
+
+
+def test_dreambooth_from_the_split_files_writes_what_loads_back(split, tmp_path):
+    """A full fine-tune of the tiny dev from its split files (one process: the twin is far
+    below the published size the refusal is about): its BFL file and its diffusers folder load
+    as dev, the folder's 31-layer Mistral encoding as the published one does."""
+    model, files, _ = split
+    data = one_image_dataset(tmp_path / "data")
+    cfg = small_config(tmp_path, data, mode="dreambooth",
+                       model=section(files).model_dump(exclude_none=True),
+                       training={"max_train_steps": 2, "mixed_precision": "no"})
+    result = run(cfg, ListSink())
+    assert result.status == "finished", result.error
+    single, folder = Path(result.output_path), Path(result.output_path).with_suffix("")
+    assert detect_path(single).header.variant == "dev"
+    from_folder = load_base_model(ModelSection(pretrained_model_name_or_path=str(folder)))
+    from_file = load_base_model(section({**files, "dit": single}))
+    assert from_folder.variant == from_file.variant == "dev"
+    got, want = from_file.denoiser.state_dict(), from_folder.denoiser.state_dict()
+    assert all(torch.equal(got[k], want[k].to(got[k].dtype)) for k in want)
+    assert from_folder.text_encoder.config.text_config.num_hidden_layers == 31
+    with torch.no_grad():
+        a = family_of(from_folder).encode(from_folder, ["a shape"], 1).hidden
+        b = family_of(from_file).encode(from_file, ["a shape"], 1).hidden
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-5)

@@ -18,9 +18,11 @@ What is built: the class the pipeline names, filled a group of tensors at a time
 dtype (fp8 with ``model.fp8_text_encoders`` when frozen). The vision tower and projector are
 read where the file holds them and dropped where it does not (a text prompt never reaches
 them); ``tekken_model`` is not read (the tokenizer is looked up as for klein). A frozen encoder
-is built only as deep as the pipeline reads (layer 30 of 40: hidden_states[30] is layer 29's
-output, which the later layers cannot change), without the final norm, so a quarter of its
-weights is never loaded; a trained one is built whole.
+is built only as deep as the pipeline reads: 31 layers of 40 (hidden_states[30] is layer 29's
+output, which the later layers cannot change; layer 30 stays so that it is not the last,
+normed, state, and a folder written from the model reads back the same), so a fifth of its
+weights is never loaded; a trained one is built whole. ComfyUI's "pruned" file of 30 layers is
+built as it is, without the final norm.
 """
 
 from __future__ import annotations
@@ -104,10 +106,10 @@ def build_mistral(path: Path, setting: str, root: Path, dtype: torch.dtype, fp8:
     if layers < needed:
         raise ModelLoadError(f"{where}: the text encoder has {layers} layers; FLUX.2 [dev] "
                              f"reads layer {needed}: point {setting} at {FILE}")
-    short = frozen and layers > needed or layers == needed
+    depth = min(layers, needed + 1) if frozen else layers
     vision = prefix + "vision_tower.patch_conv.weight" in reader.entries
-    module = _module(root, needed if short else layers, vision)
-    if short:  # hidden_states[30] is then the last layer's output, which must stay unnormed
+    module = _module(root, depth, vision)
+    if depth == needed:  # hidden_states[30] is then the last layer's, which must stay unnormed
         module.model.language_model.norm = torch.nn.Identity()
     wanted = set(module.state_dict())
     keys = [k for k in reader.entries if k.startswith(prefix)
