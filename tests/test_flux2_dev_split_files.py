@@ -232,3 +232,14 @@ def test_dreambooth_from_the_split_files_writes_what_loads_back(split, tmp_path)
         a = family_of(from_folder).encode(from_folder, ["a shape"], 1).hidden
         b = family_of(from_file).encode(from_file, ["a shape"], 1).hidden
     torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+
+def test_the_refusal_reads_a_files_width_from_its_header(split):
+    """The rule of tests/test_flux2_dev.py on a single file: the twin's width, not 6144."""
+    from trainer.families.flux2.rules import DEV_WIDTH, transformer_width
+
+    _, files, _ = split
+    width = transformer_width(str(files["mixed"]))
+    config = detect_path(files["mixed"]).header.config
+    assert width == config["num_attention_heads"] * config["attention_head_dim"]
+    assert width != DEV_WIDTH and transformer_width(str(files["te"])) is None
