@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 from .buckets import Box, Size, cover_size, crop_box
 
@@ -35,10 +35,12 @@ class ControlSizing:
         area = getattr(controls, "area", None)
         return cls("area" if area else "target", area, getattr(controls, "multiple", 16))
 
-    def with_toml(self, resolution: Optional[tuple[int, int]], no_resize: bool
+    def with_toml(self, resolution: Union[int, list[int], None], no_resize: bool
                   ) -> ControlSizing:
-        """musubi-tuner's ``control_resolution`` and ``no_resize_control`` over this sizing."""
-        area = resolution[0] * resolution[1] if resolution else None
+        """musubi-tuner's ``control_resolution`` (a side or [width, height]) and
+        ``no_resize_control`` over this sizing."""
+        sides = [resolution] if isinstance(resolution, int) else resolution or []
+        area = sides[0] * sides[-1] if sides else None
         if no_resize:
             return ControlSizing("native", area, self.multiple)
         if area:

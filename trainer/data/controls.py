@@ -48,6 +48,7 @@ class ControlSet:
     where: str
     folder: Path
     images: tuple[ControlImage, ...]
+    unreadable: int = 0  # its control files that do not decode (each a problem of its own)
 
 
 def control_order(stem: str, target_stem: str) -> Optional[int]:
@@ -188,10 +189,13 @@ def find_controls(cfg: Any, entries: list[Any], train_dir: Path, problems: list[
     with ThreadPoolExecutor(max_workers=workers) as pool:
         checked = dict(zip(files, pool.map(_inspect, files)))
     problems += [problem for _, problem in checked.values() if problem]
-    return [None if search is None else ControlSet(
-        search.where, search.root,
-        tuple(checked[p][0] for p in found.get(i, []) if checked[p][0] is not None))
-        for i, search in enumerate(searches)]
+    out: list[Optional[ControlSet]] = []
+    for i, search in enumerate(searches):
+        good = [checked[p][0] for p in found.get(i, [])]
+        out.append(None if search is None else ControlSet(
+            search.where, search.root, tuple(c for c in good if c is not None),
+            sum(c is None for c in good)))
+    return out
 
 
 def count_problems(controls: Optional[list[Optional[ControlSet]]], entries: list[Any],
@@ -210,7 +214,7 @@ def count_problems(controls: Optional[list[Optional[ControlSet]]], entries: list
     for entry, found in zip(entries, controls):
         if found is None:
             continue
-        count = len(found.images)
+        count = len(found.images) + found.unreadable  # a broken one is a line of its own
         if count > wanted.max:
             names = ", ".join(c.path.name for c in found.images)
             problems.append(f"{found.where}: {entry.path} has {count} control images ({names}) "

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 from .buckets import BucketSpec, size_problem
 from .captions import CaptionOptions
@@ -43,7 +43,7 @@ class SubsetOptions:
     alpha_mask: bool = False  # training.masked_loss: the mask is the alpha channel
     mask_dir: Optional[Path] = None  # training.masked_loss: a folder of mask images
     control_dir: Optional[Path] = None  # edit training: its control images (controls.py)
-    control_resolution: Optional[tuple[int, int]] = None  # musubi-tuner's control sizing
+    control_resolution: Union[int, list[int], None] = None  # musubi-tuner's control sizing
     no_resize_control: bool = False
 
 
