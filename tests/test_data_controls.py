@@ -247,3 +247,14 @@ def test_prepare_dataset_refuses_controls_for_the_configs_family(tmp_path):
     cfg = config(train)  # the embedded SD 1.x model, which takes no controls
     with pytest.raises(DatasetError, match="is not an edit model"):
         prepare_dataset(cfg, lambda _: None, data_home=tmp_path)
+
+
+def test_held_out_images_keep_their_controls(tmp_path, monkeypatch):
+    """dataset.validation_split: a held-out image's control is no orphan; it is kept for the
+    validation images beside the training images' controls."""
+    as_edit_family(monkeypatch, max=1, required=1)
+    data = prepare(pairs(tmp_path), validation_split=0.3)
+    [held] = data.held_out
+    [held_controls] = data.held_out_controls
+    assert held_controls.images[0].path.name == held.path.name
+    assert [s.images[0].path.name for s in data.controls] == [e.path.name for e in data.entries]

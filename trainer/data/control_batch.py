@@ -86,6 +86,7 @@ class WithControls:
     buckets: list[Size]
     counts: list[int]
     controls: Optional[list[Optional[ControlSet]]]
+    held_out_controls: Optional[list[Optional[ControlSet]]] = None  # for the validation images
     _sizings: list[ControlSizing]
     _latents: Any
     _groups: dict

@@ -164,11 +164,20 @@ def _inspect(path: Path) -> tuple[Optional[ControlImage], Optional[str]]:
     return ControlImage(path, info.size, info.content_hash), None
 
 
-def find_controls(cfg: Any, entries: list[Any], train_dir: Path, problems: list[str]
-                  ) -> Optional[list[Optional[ControlSet]]]:
-    """Each entry's :class:`ControlSet` (None: it has no control folder), or None when no
-    control folder is set; problems (orphans, clashes, files that do not decode, missing
-    folders) are appended. How many a family takes is :func:`count_problems`'s."""
+def find_controls(cfg: Any, entries: list[Any], train_dir: Path, problems: list[str],
+                  held_out: list[Any]) -> tuple[Optional[list], Optional[list]]:
+    """Each training entry's :class:`ControlSet` (None: it has no control folder), and each
+    held-out (validation) image's; None for both when no control folder is set. Problems
+    (orphans, clashes, files that do not decode, missing folders) are appended; the controls
+    of held-out images are no orphans. How many a family takes is :func:`count_problems`'s."""
+    found = _find(cfg, [*entries, *held_out], train_dir, problems)
+    if found is None or not any(found[:len(entries)]):
+        return None, None
+    return found[:len(entries)], found[len(entries):]
+
+
+def _find(cfg: Any, entries: list[Any], train_dir: Path, problems: list[str]
+          ) -> Optional[list[Optional[ControlSet]]]:
     searches = [search_for(cfg, e, train_dir) for e in entries]
     if not any(searches):
         return None

@@ -360,7 +360,7 @@ def prepare_dataset(
         masks = subset_masks(cfg, entries, problems)
     else:
         masks = find_masks(cfg, entries, problems)
-    found = find_controls(cfg, entries, train_dir, problems)
+    found, held_controls = find_controls(cfg, entries, train_dir, problems, held_out)
     family = data_family(cfg) if found else None
     if family is not None:
         problems += count_problems(found, entries, family)
@@ -370,6 +370,7 @@ def prepare_dataset(
     data.held_out = held_out
     data.masks = masks
     data.use_controls(found, family)
+    data.held_out_controls = held_controls
     return data
 
 
