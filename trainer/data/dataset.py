@@ -339,9 +339,10 @@ def _config_problems(cfg: Any) -> list[str]:
 def prepare_dataset(
     cfg: Any, warn: Callable[[str], None], data_home: Optional[Path] = None
 ) -> TrainingData:
-    """Scan and validate the dataset of ``cfg`` (a ``TrainConfig``); raise one
-    :class:`DatasetError` listing every problem. ``data_home`` (default: the studio's data home)
-    is where ``embedded:sample-dataset`` is generated."""
+    """Scan and validate the dataset of ``cfg`` (a ``TrainConfig``), edit training's control
+    images included (trainer/data/controls.py); raise one :class:`DatasetError` listing every
+    problem. ``data_home`` (default: the studio's data home) is where
+    ``embedded:sample-dataset`` is generated."""
     ds = cfg.dataset
     problems = _config_problems(cfg)
     found, train_dir = _scan(cfg, warn, problems, data_home)
@@ -372,7 +373,6 @@ def prepare_dataset(
     data.use_controls(found, family)
     data.held_out_controls = held_controls
     return data
-
 
 
 def _scan(cfg: Any, warn: Callable[[str], None], problems: list[str],
