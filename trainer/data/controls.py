@@ -51,39 +51,32 @@ class ControlSet:
     unreadable: int = 0  # its control files that do not decode (each a problem of its own)
 
 
-def control_order(stem: str, target_stem: str) -> Optional[int]:
-    """Where a control of stem ``stem`` goes among ``target_stem``'s references: -1 for the
-    unnumbered one, ``n`` for ``<target_stem>_n``; None when it is not one of them."""
-    if stem == target_stem:
-        return -1
-    numbered = _NUMBERED.match(stem)
-    if numbered and numbered.group(1) == target_stem:
-        return int(numbered.group(2))
-    return None
-
-
 def pair_by_stem(target_stems: set[str], files: list[Path]
                  ) -> tuple[dict[str, list[Path]], list[Path], list[list[Path]]]:
     """Pair the control ``files`` of one folder with the target stems: (stem -> its controls in
     reference order, files that match no stem, groups of files that claim the same reference).
     A file whose whole stem is a target's belongs to it even when it also reads as a numbered
     reference of a shorter one (``img_1.png`` is target ``img_1``'s before ``img``'s)."""
-    free = sorted(files)
+    by_stem: dict[str, list[tuple[int, Path]]] = {}  # a stem -> (order, file) it could claim
+    for path in sorted(files):
+        by_stem.setdefault(path.stem, []).append((-1, path))
+        numbered = _NUMBERED.match(path.stem)
+        if numbered:
+            by_stem.setdefault(numbered.group(1), []).append((int(numbered.group(2)), path))
+    taken: set[Path] = set()
     paired: dict[str, list[Path]] = {}
     clashes: list[list[Path]] = []
-    for stem in sorted(target_stems, key=lambda s: (-len(s), s)):
+    for stem in sorted(target_stems, key=lambda s: (-len(s), s)):  # the longest claims first
         orders: dict[int, list[Path]] = {}
-        for path in free:
-            order = control_order(path.stem, stem)
-            if order is not None:
+        for order, path in by_stem.get(stem, []):
+            if path not in taken:
                 orders.setdefault(order, []).append(path)
         if not orders:
             continue
-        claimed = {p for group in orders.values() for p in group}
-        free = [p for p in free if p not in claimed]
+        taken.update(p for group in orders.values() for p in group)
         clashes += [group for _, group in sorted(orders.items()) if len(group) > 1]
         paired[stem] = [group[0] for _, group in sorted(orders.items())]
-    return paired, free, clashes
+    return paired, [p for p in sorted(files) if p not in taken], clashes
 
 
 def _images(folder: Path) -> list[Path]:
