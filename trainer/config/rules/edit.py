@@ -31,7 +31,7 @@ def needs_edit_model() -> str:
 def not_edit_message(key: str, family: str) -> str:
     """Why control images (the setting or file ``key``) are refused for ``family``."""
     return (f"{key} is set but {label(family)} is not an edit model (it takes no control "
-            f"images); {needs_edit_model()}; unset {key} to train on the images alone")
+            f"images); {needs_edit_model()}; unset it to train on the images alone")
 
 
 def takes_controls(family: str) -> bool:
