@@ -170,6 +170,27 @@ def test_network_weights_continue_from_the_file(tmp_path_factory, family, networ
         torch.testing.assert_close(loaded[key], want, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("family, network_type", [("flux2", "loha"), ("chroma", "lokr"),
+                                                  ("qwen_image", "lokr"), ("zimage", "loha")])
+def test_tools_merge_adds_the_trained_update(tmp_path_factory, tmp_path, family, network_type):
+    """tools merge reads the file: the merged diffusers folder's layers (Chroma's T5 too) are
+    the base's plus what the trained network added."""
+    from trainer.config import ModelSection
+    from trainer.models.loader import load_base_model, resolve_model_path
+    from trainer.tools.merge import merge
+    from trainer.tools.options import MergeOptions
+
+    _, path, updates = run_of(tmp_path_factory, family, network_type)
+    report = merge(MergeOptions(base=str(resolve_model_path(FAMILIES[family])), loras=[path],
+                                save_folder=str(tmp_path / "m"), precision="fp32"))
+    assert not report.loras[0].unmatched and report.loras[0].applied == len(updates)
+    merged = load_base_model(ModelSection(pretrained_model_name_or_path=str(tmp_path / "m")))
+    for (component, module_path), want in updates.items():
+        old, new = (getattr(m, component).get_submodule(module_path).weight.double()
+                    for m in (base(family), merged))
+        torch.testing.assert_close(new - old, want, rtol=1e-4, atol=1e-6)
+
+
 @torch.no_grad()
 def peft_updates(transformer) -> dict:
     """(denoiser, path) -> what each adapter diffusers loaded adds to its layer's weight."""
