@@ -17,13 +17,15 @@ diffusers layer::
 
 ComfyUI (comfy/lora.py ``model_lora_keys_unet``) maps ``lycoris_<diffusers path>`` for FLUX.1,
 FLUX.2 and Chroma (its ``Flux2`` and ``Chroma`` are ``Flux`` models: ``flux_to_diffusers``), SD 3
-(``mmdit_to_diffusers``), Qwen-Image, Z-Image / Lumina 2 and HiDream onto the original weight, a split layer onto its rows of the fused weight (an offset):
-``calculate_weight`` narrows the weight to those rows and its LoRA, LoHa and LoKr adapters add
-their update there in place (DoRA's ``weight_decompose`` too). Its bypass mode (for quantized
-weights) does not honour offsets, for any adapter, plain LoRA's diffusers-named files
-included. diffusers 0.42 applies one of these files: ``Flux2KleinPipeline.load_lora_weights``
-reads a FLUX.2 LoKr (``_convert_lycoris_flux2_lokr_to_diffusers``); FLUX.1's, Chroma's,
-Qwen-Image's and Z-Image's pipelines load nothing of them or refuse them
+(``mmdit_to_diffusers``), Qwen-Image, Z-Image / Lumina 2 and HiDream onto the original weight,
+a split layer onto its rows of the fused weight (an offset): ``calculate_weight`` narrows the
+weight to those rows and its LoRA, LoHa and LoKr adapters add their update there in place
+(DoRA's ``weight_decompose`` too). Its bypass mode (for quantized weights) does not honour
+offsets, for any adapter, plain LoRA's diffusers-named files included.
+
+diffusers 0.42 applies one kind of these files: ``Flux2KleinPipeline.load_lora_weights`` reads
+a FLUX.2 LoKr (``_convert_lycoris_flux2_lokr_to_diffusers``), not its LoCon or LoHa; FLUX.1's,
+Chroma's, Qwen-Image's and Z-Image's pipelines load nothing of them or refuse them
 (tests/test_lycoris_flow.py, tests/test_lycoris_flow_families.py).
 
 A family answers, in its ``lora`` role: ``target_modules(transformer, train_blocks)`` (what
