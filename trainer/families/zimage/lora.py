@@ -123,13 +123,14 @@ def save_run_lora(path: Any, tensors: dict[str, torch.Tensor], model: Any, cfg: 
                   metadata: dict[str, Any]) -> Any:
     """Write the run's file with sd-scripts' ``ss_*`` keys and the family's own."""
     from trainer.export.hashes import add_hashes
+    from trainer.export.lycoris_args import file_network_module
     from trainer.system.safe_write import save_safetensors_atomic
 
     f = cfg.flow
     meta = {k: str(v) for k, v in metadata.items()
             if k not in ("sshs_model_hash", "sshs_legacy_hash", "modelspec.hash_sha256")}
     meta.update({"ss_base_model_version": BASE_MODEL_VERSION, "ss_v2": "False",
-                 "ss_network_module": "networks.lora_zimage",
+                 "ss_network_module": file_network_module(meta, "networks.lora_zimage"),
                  "modelspec.architecture": f"z-image-{model.variant or 'turbo'}/lora",
                  "modelspec.implementation": "https://github.com/Tongyi-MAI/Z-Image",
                  "ss_timestep_sampling": str(f.timestep_sampling),
@@ -138,6 +139,22 @@ def save_run_lora(path: Any, tensors: dict[str, torch.Tensor], model: Any, cfg: 
     meta.pop("modelspec.prediction_type", None)
     meta.setdefault("modelspec.sai_model_spec", "1.0.1")
     return save_safetensors_atomic(path, tensors, add_hashes(meta, tensors))
+
+
+# --- LyCORIS (trainer/export/flow_lycoris.py) ----------------------------------------------------
+
+
+def lycoris_module_name(component: str, path: str) -> str:
+    """A LyCORIS file's name of a trained module: ``lycoris_`` + its diffusers path, which
+    ComfyUI's Lumina 2 branch maps for Z-Image (``z_image_to_diffusers``): ``attention.to_q`` /
+    ``to_k`` / ``to_v`` onto their rows of the native ``attention.qkv``, ``to_out.0`` onto
+    ``attention.out``, ``feed_forward.w1`` / ``w2`` / ``w3`` and ``adaLN_modulation.0`` as they
+    are, in the main layers and both refiners."""
+    from trainer.export.flow_lycoris import TRANSFORMER, diffusers_lycoris_name
+
+    if component != TRANSFORMER:
+        raise ValueError(f"a Z-Image LyCORIS file holds the transformer only, not {component!r}")
+    return diffusers_lycoris_name(path)
 
 
 # --- network.network_weights: the files the ecosystem writes, as per-layer kohya names ---------
