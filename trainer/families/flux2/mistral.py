@@ -92,7 +92,7 @@ def _module(root: Path, layers: int, vision: bool) -> torch.nn.Module:
 def build_mistral(path: Path, setting: str, root: Path, dtype: torch.dtype, fp8: bool,
                   frozen: bool) -> torch.nn.Module:
     """``Mistral3ForConditionalGeneration`` from ``path`` (ComfyUI's file or our all-in-one)."""
-    from trainer.families.flux2.streaming import fill_from, finish, open_reader
+    from trainer.families.common.streaming import fill_from, finish, open_reader
 
     where = f"{setting} = {str(path)!r}"
     reader = open_reader(path, dtype)

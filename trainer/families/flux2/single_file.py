@@ -26,6 +26,7 @@ from typing import Any, Optional
 
 import torch
 
+from trainer.families.common.streaming import fill_from, finish, open_reader
 from trainer.families.flux2.detect import (
     DEV_TEXT_FILE,
     LABELS,
@@ -37,7 +38,6 @@ from trainer.families.flux2.detect import (
     header_info,
     with_base,
 )
-from trainer.families.flux2.streaming import fill_from, finish, open_reader
 from trainer.families.spec import ModelLoadError
 
 FIELD = "model.pretrained_model_name_or_path"

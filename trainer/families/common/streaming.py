@@ -1,7 +1,7 @@
-"""FLUX.2's files read a group of tensors at a time into meta-built modules, in the run's dtype
+"""A split file read a group of tensors at a time into a meta-built module, in the run's dtype
 (ComfyUI's scaled weights dequantized as read, :mod:`trainer.families.common.comfy_quant`), the
-weights that fp8 storage keeps arriving in fp8: the transformer, Qwen3 and Mistral-Small-3
-(:mod:`.single_file`, :mod:`.mistral`)."""
+weights that fp8 storage keeps arriving in fp8: FLUX.2's and Z-Image's transformers and text
+encoders (Qwen3, Mistral-Small-3)."""
 
 from __future__ import annotations
 
