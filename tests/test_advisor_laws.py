@@ -172,8 +172,11 @@ def test_the_shipped_laws_are_current(tmp_path, nothing_shipped):
     from trainer.advisor.model_configs import built_configs
 
     index = json.loads((shipped.FOLDER / "index.json").read_text(encoding="utf-8"))
-    assert index["code"] == shipped.code_stamp(), "python -m trainer.advisor.make_shipped"
-    assert set(index["models"].values()) == {shipped.file_name(m) for m in shipped.MODELS}
+    made = {e["file"]: e["code"] for e in index["models"].values()}
+    assert set(made) == {shipped.file_name(m) for m in shipped.MODELS}
+    for model in shipped.MODELS:
+        assert made[shipped.file_name(model)] == shipped.code_stamp(model), \
+            f"python -m trainer.advisor.make_shipped --only {model}"
     for model in ("embedded:tiny-sd15", "embedded:tiny-sdxl"):
         assert shipped.embedded_configs(model) is not None
         assert footprint.embedded_configs(model).key == built_configs(model).key
@@ -188,6 +191,26 @@ def test_the_shipped_laws_are_current(tmp_path, nothing_shipped):
     shipped._LOADED.pop("index")  # now read what ships
     for key, value in made.items():
         assert shipped.lookup(configs.key, key) == json.loads(json.dumps(value))
+
+
+def test_a_law_made_by_other_code_is_refused(monkeypatch):
+    """Each model's laws hold while the advisor's code and its own family's memory role are
+    those that made them: a change to FLUX.2's role refuses FLUX.2's laws only, a change to
+    the advisor's simulation every model's."""
+    real = shipped._code
+
+    def changed(where):
+        return lambda path: real(path) + ("\nchanged" if where(path) else "")
+    monkeypatch.setattr(shipped, "_LOADED", {})
+    served = set(shipped._index().values())
+    assert served == {shipped.file_name(m) for m in shipped.MODELS}
+    monkeypatch.setattr(shipped, "_code", changed(lambda p: p.parent.name == "flux2"))
+    monkeypatch.setattr(shipped, "_LOADED", {})
+    flux2 = {shipped.file_name(m) for m in shipped.MODELS if "flux2" in m}
+    assert len(flux2) == 4 and set(shipped._index().values()) == served - flux2
+    monkeypatch.setattr(shipped, "_code", changed(lambda p: p.name == "flow_memory.py"))
+    monkeypatch.setattr(shipped, "_LOADED", {})
+    assert shipped._index() == {}
 
 
 FIRST_ANSWER = """
