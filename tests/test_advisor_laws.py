@@ -229,9 +229,10 @@ print(sorted(m for m in ("diffusers", "transformers", "peft", "accelerate") if m
 
 
 def test_a_first_estimate_for_the_families_simulates_nothing(tmp_path):
-    """SD 1.5-size DreamBooth at 512 px, SDXL-size LoRA at 1024 px, FLUX.1-dev and SD 3.5 at
-    1024 px and the GUI's default (the tiny model), with advice for a 16 GB card, in a new
-    process with an empty cache: no simulation, so none of the model libraries is imported."""
+    """SD 1.5-size DreamBooth at 512 px, SDXL-size LoRA at 1024 px, FLUX.1-dev, SD 3.5 and
+    FLUX.2 [klein] 9B at 1024 px and the GUI's default (the tiny model), with advice for a 16
+    GB card, in a new process with an empty cache: no simulation, so none of the model
+    libraries is imported."""
     def model(name: str) -> str:
         return f"model.pretrained_model_name_or_path={json.dumps(str(FAMILIES / name))}"
     cases = [
@@ -240,6 +241,7 @@ def test_a_first_estimate_for_the_families_simulates_nothing(tmp_path):
         ("presets/lora/default.toml", [model("sdxl"), "dataset.resolution=1024"]),
         ("presets/lora/flux1-dev-16gb.toml", [model("flux1-dev")]),
         ("presets/lora/sd35-large-16gb.toml", [model("sd35-large")]),
+        ("presets/lora/flux2-klein-9b-16gb.toml", [model("flux2-klein-9b")]),
         ("presets/lora/default.toml", []),
     ]
     code = FIRST_ANSWER.format(cases=repr(cases))

@@ -61,6 +61,18 @@ def test_the_weights_are_counted_per_block():
     assert w.lora == sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
 
 
+def test_the_tiny_twin_is_advised():
+    """``embedded:tiny-flux2``: an estimate with every line (FLUX.2 had none before: issue 32)."""
+    from trainer.config import TrainConfig
+
+    cfg = TrainConfig.model_validate({"model": {"pretrained_model_name_or_path":
+                                                "embedded:tiny-flux2"}})
+    advice = advise(cfg, card(16))
+    assert not advice.problems, advice.problems
+    lines = dict(advice.memory.lines)
+    assert lines["activations"] > 0 and advice.memory.fits and advice.timing is not None
+
+
 @pytest.fixture(scope="module")
 def releases(tmp_path_factory):
     """Each release's three files (transformer, text encoder, VAE), sparse, and a dataset of
