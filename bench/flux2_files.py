@@ -6,9 +6,8 @@ the real ones (bench/flow_advisor_table.py, tests/test_flux2_advisor.py).
 
 - transformer: ``Flux2Transformer2DModel`` of ``trainer/assets/families/flux2-<variant>``
   (diffusers layout), bf16 or fp8 (the Linear weights that fp8 storage casts);
-- text encoder: klein's Qwen3 (``Qwen3ForCausalLM``), dev's Mistral-Small-3 (the language model
-  of ``Mistral3ForConditionalGeneration``: what FLUX.2 reads), without ``lm_head`` (the pipelines
-  take hidden states; ComfyUI's qwen_3_4b.safetensors has none), bf16;
+- text encoder: klein's Qwen3 (``Qwen3ForCausalLM`` without ``lm_head``), dev's
+  ``Mistral3ForConditionalGeneration`` in ComfyUI's names (:func:`text_layout`), bf16;
 - VAE: ``AutoencoderKLFlux2``, bf16.
 """
 
@@ -64,16 +63,25 @@ def transformer_layout(variant: str, fp8: bool) -> dict:
 
 
 def text_layout(variant: str) -> dict:
+    """klein's Qwen3 without ``lm_head`` (ComfyUI's qwen_3_4b.safetensors has none: tied);
+    dev's Mistral-Small-3 as ComfyUI's mistral_3_small_flux2_bf16.safetensors holds it: the
+    language model under the original names (``model.``, 40 layers, ``lm_head``), the vision
+    tower and projector beside it."""
     import torch
     import transformers
 
     config = transformers.AutoConfig.from_pretrained(str(_assets(variant) / "text_encoder"))
-    cls = transformers.Qwen3ForCausalLM if config.model_type == "qwen3" else \
-        transformers.MistralForCausalLM
+    if config.model_type == "qwen3":
+        with torch.device("meta"):
+            model = transformers.Qwen3ForCausalLM(config)
+        return {k: (tuple(v.shape), "bfloat16") for k, v in model.state_dict().items()
+                if k != "lm_head.weight"}
     with torch.device("meta"):
-        model = cls(getattr(config, "text_config", config))
-    return {k: (tuple(v.shape), "bfloat16") for k, v in model.state_dict().items()
-            if k != "lm_head.weight"}
+        model = transformers.Mistral3ForConditionalGeneration(config)
+    names = (("model.language_model.", "model."), ("model.vision_tower.", "vision_tower."),
+             ("model.multi_modal_projector.", "multi_modal_projector."), ("lm_head.", "lm_head."))
+    return {next(new + k[len(old):] for old, new in names if k.startswith(old)):
+            (tuple(v.shape), "bfloat16") for k, v in model.state_dict().items()}
 
 
 def vae_layout() -> dict:

@@ -173,25 +173,25 @@ def test_a_text_encoder_too_large_for_the_card_is_advised_fp8(releases, ram):
 
 def test_dev_on_a_24_gb_card(releases, ram):
     """FLUX.2 [dev]'s 32 B transformer trains on a 24 GB card with fp8 and blocks swapped; its
-    Mistral-Small-3 (22.9 B parameters without lm_head) does not fit that card even in fp8, and
-    the advisor says so; the host holds at its peak far less than SimpleTuner's 96 GB minimum
-    (the text encoder is read and released before the transformer is built: never both),
-    and more than either part alone."""
-    cfg = load(releases, "dev", "flux2-klein-4b-24gb", **{"model.fp8_text_encoders": True})
+    Mistral-Small-3 (24 B parameters in ComfyUI's file, 19 B of them read: the first 31
+    layers, as the loader builds it frozen) fits that card in fp8 only, and the advisor says
+    so; the host holds at its peak far less than SimpleTuner's 96 GB minimum (the text encoder
+    is read and released before the transformer is built: never both), and more than either
+    part alone."""
+    cfg = load(releases, "dev", "flux2-klein-4b-24gb", **{"model.fp8_text_encoders": False})
     advice = advise(cfg, card(24))
-    step = advice.recommendations[0]
-    assert step.changes["model.base_precision"] == "fp8" and step.changes[
-        "training.blocks_to_swap"]
-    assert any("while the captions are encoded" in p and "even in fp8" in p
-               for p in advice.problems)
-    chosen = load(releases, "dev", "flux2-klein-4b-24gb", **{
-        "model.fp8_text_encoders": True, **{k: v for k, v in step.changes.items() if v}})
-    final = advise(chosen, card(24))
-    assert final.memory.fits
+    changes = {}
+    for r in advice.recommendations:
+        changes.update({k: v for k, v in r.changes.items() if v})
+    assert changes["model.base_precision"] == "fp8" and changes["training.blocks_to_swap"]
+    assert changes["model.fp8_text_encoders"] is True
+    final = advise(load(releases, "dev", "flux2-klein-4b-24gb", **changes), card(24))
+    assert not final.problems and final.memory.fits
     phases = {p.name: p for p in final.phases}
+    assert phases["text cache"].device < 24 * GIB * FITS_BELOW
     transformer = dict(phases["transformer"].lines)["transformer (fp8 storage)"]
     text = next(b for what, b in phases["load"].lines if what.startswith("mistral3"))
-    assert 28 * GIB < transformer < 32 * GIB and 21 * GIB < text < 24 * GIB
+    assert 28 * GIB < transformer < 32 * GIB and 17 * GIB < text < 19 * GIB
     peak = final.host_peak()
     assert max(transformer, text) < peak.host < 96e9 * 0.5
     assert "swapped blocks (pinned)" in dict(phases["step"].lines)

@@ -66,12 +66,15 @@ def fp8_stored(encoders: list[str]) -> list[str]:
                                                                                    "clip_g")]
 
 
-def _count(tensors: dict[str, Any], part: str, prefix: str = "") -> Part:
+def _count(tensors: dict[str, Any], part: str, prefix: str = "", read: Any = None) -> Part:
+    """A part's weights under ``prefix``, those the loader reads (``read``: all by default)."""
     from trainer.models.memory import T5_SKIP
 
     params, held = 0, []
     for key, entry in tensors.items():
         if not key.startswith(prefix) or entry.get("dtype") not in DTYPE_BYTES:
+            continue
+        if read is not None and not read(key):
             continue
         n = 1
         for side in entry["shape"]:
@@ -112,9 +115,10 @@ def _file_parts(section: Any, path: Path, family: str) -> dict[str, Part]:
     from trainer.families import detect_path, role, spec
 
     own = getattr(role(family, "memory"), "file_parts", None)
-    if own is not None:  # a family that says where its file's parts are itself
-        return {part: _count(_header(where), part, prefix)
-                for part, (where, prefix) in own(section, path).items()}
+    if own is not None:  # a family that says where its file's parts are itself (and, as a
+        # third entry, which of their keys its loader reads)
+        return {part: _count(_header(where[0]), part, *where[1:])
+                for part, where in own(section, path).items()}
     info = detect_path(path).header  # the family's record: its parts' key prefixes
     main = _header(path)
     settings = {part: getattr(section, name.split(".", 1)[1], None)

@@ -73,26 +73,45 @@ def file_transformer_config(section: Any, path: Path) -> dict:
     return dict(base, **info.config, _class_name="Flux2Transformer2DModel")
 
 
-def file_parts(section: Any, path: Path) -> dict[str, tuple[Path, str]]:
-    """part -> (file, key prefix) of a FLUX.2 single file's VAE and text encoder: the files
-    ``model.ae`` and ``model.text_encoder`` name, else the all-in-one file's own. The text
-    part is named by what the file holds (Qwen3's q_norm: klein; else dev's Mistral)."""
-    from trainer.families.common.files import read_safetensors_header
-    from trainer.families.flux2.detect import TEXT_MARKER, TEXT_PREFIXES, VAE_PREFIX, header_info
+# dev's Mistral-Small-3 as the loader builds it frozen: layers 0-30 of 40 (Flux2Pipeline reads
+# the hidden states of layers 10, 20 and 30); the rest of the file is never read
+MISTRAL_DEPTH = 31
+MISTRAL_PREFIX = "text_encoders.mistral3_24b.transformer."  # in an all-in-one dev file
+LAYER = "model.layers.0.input_layernorm.weight"  # Qwen3's and Mistral's
 
-    info = header_info(read_safetensors_header(path).tensors)
-    inside = info.parts_inside if info is not None else frozenset()
-    out: dict[str, tuple[Path, str]] = {}
+
+def file_parts(section: Any, path: Path) -> dict[str, tuple[Path, str, Any]]:
+    """part -> (file, key prefix, which keys the loader reads) of a FLUX.2 single file's VAE
+    and text encoder: the files ``model.ae`` and ``model.text_encoder`` name, else the
+    all-in-one file's own. The text part is named by what it holds: Qwen3 (its q_norm; klein)
+    or dev's Mistral-Small-3, of which the first :data:`MISTRAL_DEPTH` layers are read."""
+    from trainer.families.common.files import read_safetensors_header
+    from trainer.families.flux2.detect import TEXT_PREFIXES, VAE_PREFIX, header_info
+
+    keys = read_safetensors_header(path).tensors
+    info = header_info(keys)
+    out: dict[str, tuple[Path, str, Any]] = {}
     if section.ae:
-        out["vae"] = (Path(section.ae).expanduser(), "")
-    elif "vae" in inside:
-        out["vae"] = (path, VAE_PREFIX)
+        out["vae"] = (Path(section.ae).expanduser(), "", None)
+    elif info is not None and "vae" in info.parts_inside:
+        out["vae"] = (path, VAE_PREFIX, None)
     text = getattr(section, "text_encoder", None)
+    where = Path(text).expanduser() if text else path
     if text:
-        keys = read_safetensors_header(Path(text).expanduser()).tensors
-        prefix = next((p for p in TEXT_PREFIXES if any(k.startswith(p) for k in keys)), "")
-        part = "qwen3" if prefix + TEXT_MARKER in keys else "mistral3"
-        out[part] = (Path(text).expanduser(), prefix)
-    elif "qwen3" in inside:
-        out["qwen3"] = (path, info.text_prefix)
+        keys = read_safetensors_header(where).tensors
+    prefix = next((p for p in (*TEXT_PREFIXES, MISTRAL_PREFIX) + (("",) if text else ())
+                   if p + LAYER in keys), None)
+    if prefix is None:
+        return out
+    if prefix + "model.layers.0.self_attn.q_norm.weight" in keys:
+        out["qwen3"] = (where, prefix, None)
+    else:
+        out["mistral3"] = (where, prefix, _first_layers(prefix + "model.layers."))
     return out
+
+
+def _first_layers(start: str) -> Any:
+    """Whether the loader reads a key: not a layer from :data:`MISTRAL_DEPTH` on."""
+    def read(key: str) -> bool:
+        return not key.startswith(start) or int(key[len(start):].split(".")[0]) < MISTRAL_DEPTH
+    return read
