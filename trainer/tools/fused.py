@@ -20,7 +20,8 @@ from typing import Optional
 import torch
 
 QKV = re.compile(r"^lora_unet_(double_blocks_\d+_(img|txt)_attn|"
-                 r"joint_blocks_\d+_(x_block_attn2?|context_block_attn))_qkv$")
+                 r"joint_blocks_\d+_(x_block_attn2?|context_block_attn)|"
+                 r"(layers|noise_refiner|context_refiner)_\d+_attention)_qkv$")  # + native DiT
 LINEAR1 = re.compile(r"^lora_unet_single_blocks_\d+_linear1$")
 
 

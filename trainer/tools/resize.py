@@ -36,7 +36,8 @@ import torch
 
 from trainer.tools import fused, svd
 from trainer.tools.common import DTYPES, Progress, ToolError, no_progress
-from trainer.tools.lora_file import LoraModule, read_lora
+from trainer.tools.inspect import detect_family
+from trainer.tools.lora_file import LoraModule, in_own_form, read_lora
 from trainer.tools.options import ResizeOptions
 
 PEFT_NAMES = {"lora_down.weight": "lora_A.weight", "lora_up.weight": "lora_B.weight"}
@@ -215,6 +216,7 @@ def resize(opts: ResizeOptions, progress: Progress = no_progress) -> ResizeRepor
     lora = read_lora(opts.path)
     if lora.embedding:
         raise ToolError(f"{lora.path}: an embedding has no rank to resize")
+    lora = in_own_form(lora, detect_family(lora)[0])  # a peer's form: written as the family's
     dtype = DTYPES[opts.precision] if opts.precision else (lora.dtype or torch.float32)
     tensors: dict[str, torch.Tensor] = {}
     done: list[ResizedModule] = []

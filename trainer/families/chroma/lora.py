@@ -34,6 +34,13 @@ import torch
 
 from trainer.export.lora import _check_exportable, iter_lora_layers, module_lora_tensors
 from trainer.export.names import kohya_module_name, unwrap
+from trainer.families.common.lora_forms import (
+    Fused,
+    fuse_parts,
+    fused_units,
+    kohya_form,
+    split_units,
+)
 
 UNET_PREFIX = "lora_unet"
 T5_PREFIX = "lora_te1"  # ComfyUI's name of Chroma's T5 (its first text encoder)
@@ -173,3 +180,25 @@ def file_metadata(info: Any) -> dict[str, str]:
             "ss_base_model_version": "chroma", "ss_network_module": "networks.lora_flux",
             "modelspec.architecture": f"{ARCHITECTURE}/lora",
             "modelspec.implementation": IMPLEMENTATION}
+
+
+# --- the peers' files: network.network_weights and the tools ------------------------------------
+# linear1's rows: q, k, v of the block's width (its input), then the MLP's input (4 x)
+FUSED = (Fused("double_blocks", "transformer_blocks", fused_units(DOUBLE_PARTS)),
+         Fused("single_blocks", "single_transformer_blocks",
+               fused_units(SINGLE_PARTS, {"proj_mlp": 4})))
+
+
+def network_weights_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A Chroma LoRA file's transformer tensors as one LoRA per diffusers layer (``lora_unet_``
+    + its path, what :mod:`trainer.methods.lora_weights` loads): ours and sd-scripts' BFL kohya
+    names (fused layers split: block-diagonal by their rank columns, dense with the whole
+    ``lora_down``), ai-toolkit's ``diffusion_model.<BFL path>`` and the diffusers form's
+    ``transformer.<path>`` (scale 1). T5's ``lora_te`` keys stay as they are."""
+    return split_units(kohya_form(tensors), FUSED)
+
+
+def own_form_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A Chroma LoRA file of any writer in this family's own form (sd-scripts' BFL kohya names
+    with alpha, split layers fused block-diagonally): what resize writes."""
+    return fuse_parts(kohya_form(tensors), FUSED)
