@@ -186,3 +186,39 @@ def test_network_weights_continue_from_the_form(family, form, loras, tmp_path):
         if p in want:
             torch.testing.assert_close(layer.get_delta_weight("default"), want[p], atol=1e-5,
                                        rtol=1e-4, msg=p)
+
+
+@pytest.mark.parametrize("prefix", ["lora_te1", "lora_te3"])  # ours (ComfyUI's), sd-scripts'
+def test_chroma_t5_continues_from_ours_and_sd_scripts_names(prefix, bases, loras, tmp_path):
+    """A Chroma file with T5 layers (ComfyUI names T5, its first text encoder, ``lora_te1_``;
+    sd-scripts' FLUX.1 network writes ``lora_te3_``) continues into T5's LoRA too."""
+    from safetensors.torch import save_file
+
+    from trainer.export.lora import iter_lora_layers
+    from trainer.methods.lora import T5_TARGETS, LoraMethod
+
+    encoder = base_of(bases, "chroma").text_encoder
+    gen = torch.Generator().manual_seed(7)
+    tensors, want = loras["chroma"].tensors("sd-scripts"), {}
+    for path, m in encoder.named_modules():
+        if isinstance(m, torch.nn.Linear) and path.rsplit(".", 1)[-1] in T5_TARGETS:
+            down = torch.randn(RANK, m.in_features, generator=gen)
+            up = torch.randn(m.out_features, RANK, generator=gen)
+            name = f"{prefix}_{path.replace('.', '_')}"
+            tensors.update({f"{name}.lora_down.weight": down, f"{name}.lora_up.weight": up,
+                            f"{name}.alpha": torch.tensor(2.0)})
+            want[path] = up @ down * (2.0 / RANK)
+    path = tmp_path / "t5.safetensors"
+    save_file(tensors, str(path), metadata={"ss_base_model_version": "chroma"})
+    cfg = small_config(tmp_path, one_image_dataset(tmp_path / "data"),
+                       model={"pretrained_model_name_or_path": TWINS["chroma"]},
+                       network={"network_dim": RANK, "network_alpha": 1.0,
+                                "network_weights": str(path), "train_text_encoder": True,
+                                "train_t5xxl": True})
+    model = load_base_model(cfg.model)
+    LoraMethod(cfg).prepare(model)
+    trained = dict(iter_lora_layers(model.text_encoder))
+    assert want and set(want) <= set(trained)
+    for p, delta in want.items():
+        torch.testing.assert_close(trained[p].get_delta_weight("default"), delta, atol=1e-5,
+                                   rtol=1e-4, msg=p)

@@ -190,12 +190,21 @@ FUSED = (Fused("double_blocks", "transformer_blocks", fused_units(DOUBLE_PARTS))
 
 
 def network_weights_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A Chroma LoRA file's transformer tensors as one LoRA per diffusers layer (``lora_unet_``
-    + its path, what :mod:`trainer.methods.lora_weights` loads): ours and sd-scripts' BFL kohya
+    """A Chroma LoRA file's tensors as one LoRA per layer, under :func:`network_module_name`'s
+    names (what :mod:`trainer.methods.lora_weights` loads): ours and sd-scripts' BFL kohya
     names (fused layers split: block-diagonal by their rank columns, dense with the whole
     ``lora_down``), ai-toolkit's ``diffusion_model.<BFL path>`` and the diffusers form's
-    ``transformer.<path>`` (scale 1). T5's ``lora_te`` keys stay as they are."""
-    return split_units(kohya_form(tensors), FUSED)
+    ``transformer.<path>`` (scale 1); T5 as ours (``lora_te1_``) or sd-scripts' (``lora_te3_``)
+    names it."""
+    out = split_units(kohya_form(tensors), FUSED)
+    t5 = SD_SCRIPTS_T5_PREFIX + "_"
+    return {T5_PREFIX + "_" + k[len(t5):] if k.startswith(t5) else k: v for k, v in out.items()}
+
+
+def network_module_name(component: str, path: str) -> str:
+    """The name a continued network's layer reads its tensors under: the transformer's
+    ``lora_unet_`` + its diffusers path, T5's (``text_encoder``) ``lora_te1_`` + its path."""
+    return kohya_module_name(T5_PREFIX if component == "text_encoder" else UNET_PREFIX, path)
 
 
 def own_form_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
