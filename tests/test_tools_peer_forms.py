@@ -12,10 +12,11 @@ flow families (tests/tools_helpers.py builds them, one random LoRA in every form
 - Chroma: sd-scripts' BFL kohya names, ai-toolkit's, the diffusers form, ours.
 
 For each: inspect tells the family without metadata (but for the forms whose names and shapes
-another family's files have too, :data:`AMBIGUOUS`: those are told by the metadata); merge applies every module onto the base
-with the same update per layer as the other forms; resize and extract write the family's own
-form (kohya names of the original layout that ComfyUI maps, with alpha) with the same update;
-``network.network_weights`` continues from it with the file's update."""
+another family's files have too, :data:`AMBIGUOUS`: those are told by the metadata); merge
+applies every module onto the base with the same update per layer as the other forms; resize
+and extract write the family's own form (kohya names of the original layout that ComfyUI maps,
+with alpha) with the same update; ``network.network_weights`` continues from it with the file's
+update."""
 
 from __future__ import annotations
 
