@@ -223,3 +223,21 @@ def test_chroma_t5_continues_from_ours_and_sd_scripts_names(prefix, bases, loras
     for p, delta in want.items():
         torch.testing.assert_close(trained[p].get_delta_weight("default"), delta, atol=1e-5,
                                    rtol=1e-4, msg=p)
+
+
+@pytest.mark.parametrize("family", ["zimage", "flux2", "chroma"])
+def test_a_part_saved_before_it_trained_keeps_its_rank(family, loras):
+    """Our block-diagonal fused layer with one part's ``lora_up`` still zero (saved before that
+    part trained) splits into each part's own rank, as the network that continues has it."""
+    from trainer.families import role
+
+    lora = loras[family]
+    tensors = lora.tensors("ours")
+    unit = next(u for u, paths in lora.units.items() if len(paths) == 3)
+    name = "lora_unet_" + unit.replace(".", "_")
+    rows = tensors[name + ".lora_up.weight"].shape[0] // 3
+    tensors[name + ".lora_up.weight"][:rows] = 0
+    split = role(family, "lora").network_weights_tensors(tensors)
+    for path in lora.units[unit]:
+        key = "lora_unet_" + path.replace(".", "_")
+        assert split[key + ".lora_down.weight"].shape[0] == RANK, key

@@ -117,7 +117,19 @@ def split_units(tensors: dict[str, torch.Tensor], blocks: tuple[Fused, ...]
 
 
 def _diagonal(up: torch.Tensor, rows: list[int]) -> Optional[list[torch.Tensor]]:
-    """Each part's rank columns of a block-diagonal ``lora_up``; None for a dense one."""
+    """Each part's rank columns of a block-diagonal ``lora_up``; None for a dense one. Equal
+    blocks (our files, ComfyUI's converters) are told even where a column is zero (a part
+    saved before it trained)."""
+    if len(rows) > 1 and up.shape[1] % len(rows) == 0:
+        r, start, own = up.shape[1] // len(rows), 0, []
+        for i, count in enumerate(rows):
+            block = up[start:start + count]
+            if torch.count_nonzero(block) != torch.count_nonzero(block[:, i * r:(i + 1) * r]):
+                break
+            own.append(torch.arange(i * r, (i + 1) * r))
+            start += count
+        else:
+            return own
     used = torch.zeros(up.shape[1], dtype=torch.bool)
     out, start = [], 0
     for count in rows:
