@@ -99,7 +99,6 @@ def lora_targets(model: Any) -> list[Target]:
     return out
 
 
-
 # a Black Forest Labs block layer -> the ratio of its shape [out, in] that its MLP sets: (ratio,
 # its value with a plain MLP of 4 x the width (FLUX.1, Chroma), with a gated one of 3 x (FLUX.2))
 MLP_SHAPES = {"img_mlp_0": (lambda o, i: o / i, 4, 6), "txt_mlp_0": (lambda o, i: o / i, 4, 6),
