@@ -26,7 +26,6 @@ alone, which is the default (``network.train_text_encoder`` off).
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Any, Literal, Optional
 
@@ -41,6 +40,7 @@ from trainer.families.common.lora_forms import (
     kohya_form,
     split_units,
 )
+from trainer.families.common.lora_fuse import fuse_factors, layer_factors
 
 UNET_PREFIX = "lora_unet"
 T5_PREFIX = "lora_te1"  # ComfyUI's name of Chroma's T5 (its first text encoder)
@@ -105,23 +105,9 @@ def fuse_lora(parts: list[tuple[Optional[Any], int]], adapter_name: str = "defau
               ) -> tuple[torch.Tensor, torch.Tensor, float]:
     """(down, up, alpha) of one fused Linear from its parts' peft layers (or None for a part
     that did not train) with their output rows, in the fused weight's row order; parts of
-    different scales get their own folded into their ``up`` block and ``alpha = R``."""
-    trained = [layer for layer, _ in parts if layer is not None]
-    downs = [layer.lora_A[adapter_name].weight.detach().float() for layer in trained]
-    scales = [float(layer.scaling[adapter_name]) for layer in trained]
-    same = all(math.isclose(s, scales[0], rel_tol=1e-6) for s in scales)
-    rank = sum(d.shape[0] for d in downs)
-    up = torch.zeros(sum(rows for _, rows in parts), rank, dtype=torch.float32,
-                     device=downs[0].device)
-    row = col = 0
-    for layer, rows in parts:
-        if layer is not None:
-            b = layer.lora_B[adapter_name].weight.detach().float()
-            up[row:row + rows, col:col + b.shape[1]] = b * (1.0 if same else
-                                                            float(layer.scaling[adapter_name]))
-            col += b.shape[1]
-        row += rows
-    return torch.cat(downs, dim=0), up, (scales[0] if same else 1.0) * rank
+    different scales get their own folded into their ``up`` block and ``alpha = R``
+    (:func:`trainer.families.common.lora_fuse.fuse_factors`)."""
+    return fuse_factors([(layer_factors(layer, adapter_name), rows) for layer, rows in parts])
 
 
 def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -28,6 +28,8 @@ from typing import Optional
 
 import torch
 
+from trainer.families.common.lora_fuse import fuse_factors
+
 UNET = "lora_unet_"
 PEFT_PREFIXES = ("diffusion_model.", "transformer.", "base_model.model.")
 PEFT_SUFFIXES = {".lora_A.weight": ".lora_down.weight", ".lora_B.weight": ".lora_up.weight"}
@@ -174,20 +176,9 @@ def fuse_parts(tensors: dict[str, torch.Tensor], blocks: tuple[Fused, ...]
 
 def _fuse(parts: list[tuple[Optional[str], int]], tensors: dict[str, torch.Tensor]
           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    named = [(n, r) for n, r in parts if n is not None]
-    scales = [_scale(tensors, n) for n, _ in named]
-    same = all(abs(s - scales[0]) <= 1e-6 * abs(scales[0]) for s in scales)
-    downs = [tensors[n + DOWN].float() for n, _ in named]
-    rank = sum(d.shape[0] for d in downs)
-    up = torch.zeros(sum(r for _, r in parts), rank)
-    row = col = 0
-    for name, count in parts:
-        if name is not None:
-            b = tensors[name + UP].float()
-            scale = 1.0 if same else _scale(tensors, name)
-            up[row:row + count, col:col + b.shape[1]] = b * scale
-            col += b.shape[1]
-        row += count
-    dtype = tensors[named[0][0] + DOWN].dtype
-    alpha = torch.tensor((scales[0] if same else 1.0) * rank)
-    return torch.cat(downs).to(dtype), up.to(dtype), alpha
+    """(down, up, alpha) of the kohya-named parts (None: absent) with their rows."""
+    factors = [((tensors[n + DOWN], tensors[n + UP], _scale(tensors, n)) if n else None, rows)
+               for n, rows in parts]
+    down, up, alpha = fuse_factors(factors)
+    dtype = next(tensors[n + DOWN].dtype for n, _ in parts if n)
+    return down.to(dtype), up.to(dtype), torch.tensor(alpha)
