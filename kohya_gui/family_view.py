@@ -42,7 +42,7 @@ def field_families() -> dict[str, tuple[str, ...]]:
     out = {}
     for section, name, info in iter_fields():
         families = ui_hints(info).get("families")
-        if families:
+        if families is not None:  # empty: no family reads it yet (dataset.control_dir)
             out[f"{section}.{name}" if section else name] = tuple(families)
     return out
 
@@ -71,7 +71,7 @@ def model_family(model: Any, version: Any = "auto") -> Optional[str]:
 def applies(path: str, family: Optional[str]) -> bool:
     """Whether a setting is read by a model of ``family`` (None: unknown, so yes)."""
     families = FIELD_FAMILIES.get(path)
-    return family is None or not families or family in families
+    return family is None or families is None or family in families
 
 
 def changed_paths(form: Form, values: Mapping[str, Any]) -> set[str]:

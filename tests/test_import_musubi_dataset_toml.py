@@ -1,8 +1,9 @@
 """musubi-tuner's dataset TOML (issue 31): its image datasets (``image_directory``,
 ``caption_extension``, ``resolution``, ``batch_size``, ``enable_bucket``,
 ``bucket_no_upscale``, ``num_repeats``, ``cache_directory``, from ``[general]`` or each
-``[[datasets]]``) read as sd-scripts' form is, told apart by its keys; video, control,
-layered, FramePack and JSONL keys refused, each with its reason, naming the file and the key."""
+``[[datasets]]``) read as sd-scripts' form is, told apart by its keys; video, layered,
+FramePack and JSONL keys refused, each with its reason, naming the file and the key (the
+control keys import: tests/test_data_controls.py)."""
 
 from __future__ import annotations
 
@@ -113,8 +114,7 @@ def test_the_form_is_told_by_its_keys():
      ["datasets[0].video_jsonl_file: musubi-tuner's video_jsonl_file: video datasets",
       "datasets[0].frame_extraction: musubi-tuner's frame_extraction: video datasets"]),
     ("[[datasets]]\nimage_directory = 'cats'\ncontrol_directory = 'edits'\n",
-     ["datasets[0].control_directory: musubi-tuner's control_directory: control images: edit "
-      "training (Qwen-Image-Edit, FLUX.1 Kontext) is a later issue"]),
+     ["datasets[0].subsets[0].control_directory: folder", "edits does not exist"]),
     ("[[datasets]]\nimage_jsonl_file = 'm.jsonl'\ncache_directory = 'c'\n",
      ["datasets[0].image_jsonl_file: musubi-tuner's image_jsonl_file: metadata JSONL files are "
       "not read"]),

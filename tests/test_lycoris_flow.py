@@ -14,7 +14,9 @@ adds is read from its forward pass (each adapted Linear on the identity), not fr
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from types import SimpleNamespace
+from typing import Optional
 
 import pytest
 import torch
@@ -39,6 +41,10 @@ DOUBLE_WHOLE = {"attn.to_out.0": "img_attn.proj", "norm1.linear": "img_mod.lin",
                 "ff.net.0.proj": "img_mlp.0", "ff.net.2": "img_mlp.2",
                 "ff_context.net.0.proj": "txt_mlp.0", "ff_context.net.2": "txt_mlp.2"}
 SINGLE_WHOLE = {"norm.linear": "modulation.lin", "proj_out": "linear2"}
+# its entries for FLUX.2's diffusers names ("LyCoris LoKr", "Flux 2")
+DOUBLE_FLUX2 = {"ff.linear_in": "img_mlp.0", "ff.linear_out": "img_mlp.2",
+                "ff_context.linear_in": "txt_mlp.0", "ff_context.linear_out": "txt_mlp.2"}
+SINGLE_FLUX2 = {"attn.to_qkv_mlp_proj": "linear1", "attn.to_out": "linear2"}
 LORA_CLIP_MAP = {"mlp.fc1": "mlp_fc1", "mlp.fc2": "mlp_fc2", "self_attn.k_proj": "self_attn_k_proj",
                  "self_attn.q_proj": "self_attn_q_proj", "self_attn.v_proj": "self_attn_v_proj",
                  "self_attn.out_proj": "self_attn_out_proj"}
@@ -49,9 +55,10 @@ ADAPTER_KEYS = {"lora": ("lora_up.weight", "lora_down.weight", "lora_mid.weight"
                          "lokr_t2")}
 
 
-def comfy_flux_map(depth: int, depth_single: int, hidden: int) -> dict:
-    """ComfyUI's FLUX.1 key map of ``lycoris_`` names: name -> (BFL weight, (dim, start, rows)
-    or None)."""
+def flux_to_diffusers(depth: int, depth_single: int, hidden: int) -> dict:
+    """ComfyUI's ``flux_to_diffusers`` (comfy/utils.py), its Linear weights: diffusers module
+    path -> (BFL weight, (dim, start, rows) or None). FLUX.2 (a ``Flux`` there) reads the
+    entries of its own diffusers names (``ff.linear_in``, ``attn.to_qkv_mlp_proj``...)."""
     out = {}
     for i in range(depth):
         d, b = f"transformer_blocks.{i}", f"double_blocks.{i}"
@@ -59,14 +66,23 @@ def comfy_flux_map(depth: int, depth_single: int, hidden: int) -> dict:
             out[f"{d}.attn.{p}"] = (f"{b}.img_attn.qkv.weight", (0, j * hidden, hidden))
         for j, p in enumerate(("add_q_proj", "add_k_proj", "add_v_proj")):
             out[f"{d}.attn.{p}"] = (f"{b}.txt_attn.qkv.weight", (0, j * hidden, hidden))
-        out.update({f"{d}.{k}": (f"{b}.{v}.weight", None) for k, v in DOUBLE_WHOLE.items()})
+        out.update({f"{d}.{k}": (f"{b}.{v}.weight", None)
+                    for k, v in {**DOUBLE_WHOLE, **DOUBLE_FLUX2}.items()})
     for i in range(depth_single):
         s, b = f"single_transformer_blocks.{i}", f"single_blocks.{i}"
         for j, p in enumerate(("to_q", "to_k", "to_v")):
             out[f"{s}.attn.{p}"] = (f"{b}.linear1.weight", (0, j * hidden, hidden))
         out[f"{s}.proj_mlp"] = (f"{b}.linear1.weight", (0, hidden * 3, hidden * 4))
-        out.update({f"{s}.{k}": (f"{b}.{v}.weight", None) for k, v in SINGLE_WHOLE.items()})
-    return {"lycoris_" + k.replace(".", "_"): (v, k) for k, v in out.items()}
+        out.update({f"{s}.{k}": (f"{b}.{v}.weight", None)
+                    for k, v in {**SINGLE_WHOLE, **SINGLE_FLUX2}.items()})
+    return out
+
+
+def comfy_flux_map(depth: int, depth_single: int, hidden: int) -> dict:
+    """ComfyUI's Flux branch of ``model_lora_keys_unet``, its ``lycoris_`` names: name ->
+    ((BFL weight, offset or None), diffusers path)."""
+    return {"lycoris_" + k.replace(".", "_"): (v, k)
+            for k, v in flux_to_diffusers(depth, depth_single, hidden).items()}
 
 
 def comfy_clip_map(layers: int) -> dict:
@@ -75,10 +91,11 @@ def comfy_clip_map(layers: int) -> dict:
         f"encoder.layers.{b}.{k}") for b in range(layers) for k, v in LORA_CLIP_MAP.items()}
 
 
-def comfy_t5_map(t5_keys) -> dict:
-    """ComfyUI's T5 names with CLIP-L and no CLIP-G (FLUX.1): ``lora_te3_`` + the module path
-    of its ``t5xxl.transformer.`` weights, which are transformers' T5 encoder's."""
-    return {"lora_te3_" + k[:-len(".weight")].replace(".", "_"): (
+def comfy_t5_map(t5_keys, index: int = 3) -> dict:
+    """ComfyUI's T5 names (``model_lora_keys_clip``): ``lora_te<index>_`` + the module path of
+    its ``t5xxl.transformer.`` weights, which are transformers' T5 encoder's; the index is 3
+    beside CLIP-L and no CLIP-G (FLUX.1), 1 for a T5 alone (Chroma)."""
+    return {f"lora_te{index}_" + k[:-len(".weight")].replace(".", "_"): (
         (f"t5xxl.transformer.{k}", None), k[:-len(".weight")])
         for k in t5_keys if k.endswith(".weight")}
 
@@ -121,13 +138,37 @@ def comfy_diff(kind: str, t: dict, alpha, shape) -> torch.Tensor:
     return scale * torch.kron(w1, w2).reshape(shape)
 
 
+def assert_comfyui_adds(tensors: dict, key_map: dict, updates: dict,
+                       shape: Callable[[str, torch.Tensor], tuple]) -> dict:
+    """ComfyUI loads every key of the file (no "lora key not loaded"), maps every module
+    (``key_map``: name -> ((weight, offset or None), (component, path))), and its adapters,
+    applied to the mapped weights (``shape(weight, update)``; zero here, so the sum is the
+    update alone) in their rows, add exactly what each trained layer adds. Returns the
+    patches (name -> (adapter, tensors, alpha))."""
+    patches, used = comfy_load(tensors)
+    assert set(tensors) == used
+    assert set(patches) <= set(key_map), sorted(set(patches) - set(key_map))[:5]
+    assert len(patches) == len(updates)  # one file module per adapted layer
+    fused: dict[str, torch.Tensor] = {}  # the original weights' updates, as ComfyUI patches them
+    for name, (kind, own, alpha) in patches.items():
+        (weight, offset), place = key_map[name]
+        want = updates[place]
+        total = fused.setdefault(weight, torch.zeros(shape(weight, want), dtype=torch.float64))
+        rows = total.narrow(*offset) if offset else total
+        rows += comfy_diff(kind, own, alpha, rows.shape)
+        torch.testing.assert_close(rows, want, rtol=1e-4, atol=1e-6)
+    assert any(u.abs().max() > 1e-6 for u in updates.values())  # the adapters trained
+    return patches
+
+
 @torch.no_grad()
 def network_updates(model, loras) -> dict:
     """(component, module path) -> what each adapted Linear adds to its weight, read from its
     forward pass on the identity (adapted minus the frozen layer's own forward)."""
     places = {}
     for component in ("denoiser", "text_encoder", "text_encoder_2"):
-        for path, module in getattr(model, component).named_modules():
+        for path, module in getattr(getattr(model, component, None), "named_modules",
+                                    lambda: [])():
             places.setdefault(id(module), (component, path.removeprefix("text_model.")))
     out = {}
     for lora in loras:
@@ -137,15 +178,18 @@ def network_updates(model, loras) -> dict:
     return out
 
 
-def trained(tmp_path_factory, network_type: str):
-    """(config, output file, the network's updates at the final save) of a 2-step run."""
-    if network_type not in _RUNS:
+def trained(tmp_path_factory, network_type: str, model: str = FLUX,
+            network: Optional[dict] = None, training: Optional[dict] = None):
+    """(config, output file, the network's updates at the final save) of a 2-step run of
+    ``network_type`` on ``model`` (``network``: its settings, default :data:`NETWORKS`')."""
+    if (model, network_type) not in _RUNS:
         root = tmp_path_factory.mktemp(network_type)
         network = {"network_type": network_type, "network_alpha": 2.0,
-                   **NETWORKS[network_type]}
+                   **(NETWORKS[network_type] if network is None else network)}
         cfg = small_config(root, one_image_dataset(root / "data"), network=network,
-                           model={"pretrained_model_name_or_path": FLUX},
-                           training={"max_train_steps": 2}, optimizer={"learning_rate": 1e-2})
+                           model={"pretrained_model_name_or_path": model},
+                           training={"max_train_steps": 2, **(training or {})},
+                           optimizer={"learning_rate": 1e-2})
         updates = []
         save = LycorisMethod.save
 
@@ -157,8 +201,8 @@ def trained(tmp_path_factory, network_type: str):
             mp.setattr(LycorisMethod, "save", capture)
             result = run(cfg, ListSink())
         assert result.status == "finished", result.error
-        _RUNS[network_type] = (cfg, result.output_path, updates[-1])
-    return _RUNS[network_type]
+        _RUNS[model, network_type] = (cfg, result.output_path, updates[-1])
+    return _RUNS[model, network_type]
 
 
 def tiny_configs():
@@ -183,28 +227,19 @@ def test_comfyui_maps_every_key_and_adds_the_trained_update(tmp_path_factory, ne
     c, clip, t5_keys = tiny_configs()
     c = SimpleNamespace(**c)
     hidden = c.num_attention_heads * c.attention_head_dim
-    key_map = {**comfy_flux_map(c.num_layers, c.num_single_layers, hidden),
-               **comfy_clip_map(clip.num_hidden_layers), **comfy_t5_map(t5_keys)}
-    patches, used = comfy_load(tensors)
-    assert set(tensors) == used  # ComfyUI loads every key ("lora key not loaded": none)
-    assert set(patches) <= set(key_map), sorted(set(patches) - set(key_map))[:5]
-    assert len(patches) == len(updates)  # one file module per adapted layer
+    key_map = {name: (target, (component, path_)) for component, part in (
+        ("denoiser", comfy_flux_map(c.num_layers, c.num_single_layers, hidden)),
+        ("text_encoder", comfy_clip_map(clip.num_hidden_layers)),
+        ("text_encoder_2", comfy_t5_map(t5_keys))) for name, (target, path_) in part.items()}
+
+    def shape(bfl, update):  # FLUX.1's fused rows: q, k, v (3 x hidden) and the 4 x MLP
+        fused = hidden * 7 if bfl.endswith("linear1.weight") else hidden * 3
+        return (fused, update.shape[1]) if bfl.endswith("qkv.weight") or fused == hidden * 7 \
+            else tuple(update.shape)
+
+    patches = assert_comfyui_adds(tensors, key_map, updates, shape)
     assert {kind for kind, _, _ in patches.values()} == {"locon": {"lora"}}.get(
         network_type, {network_type})
-    fused: dict[str, torch.Tensor] = {}  # the BFL weights' updates, as ComfyUI patches them
-    for name, (kind, own, alpha) in patches.items():
-        (bfl, offset), path_ = key_map[name]
-        component = {"lora_te1_": "text_encoder", "lora_te3_": "text_encoder_2"}.get(
-            name[:9], "denoiser")
-        want = updates[(component, path_)]
-        weight = fused.setdefault(bfl, torch.zeros(hidden * 7 if bfl.endswith("linear1.weight")
-                                                   else hidden * 3, want.shape[1],
-                                                   dtype=torch.float64)
-                                  if offset else torch.zeros_like(want))
-        rows = weight.narrow(*offset) if offset else weight
-        rows += comfy_diff(kind, own, alpha, rows.shape)
-        torch.testing.assert_close(rows, want, rtol=1e-4, atol=1e-6)
-    assert any(u.abs().max() > 1e-6 for u in updates.values())  # the adapters trained
     if NETWORKS[network_type].get("train_text_encoder"):  # lokr: CLIP-L, T5, factored w2
         assert any(n.startswith("lora_te1_") for n in patches)
         assert any(n.startswith("lora_te3_") for n in patches)
@@ -346,7 +381,8 @@ def test_every_transformer_family_with_lycoris_names_its_modules():
 def test_a_kohya_ss_flux_lycoris_config_imports(lora_type, network_type):
     """kohya_ss saves conv_dim / conv_alpha with every LyCORIS type; FLUX.1's transformer has no
     3x3 convolution, so they are reported as not needed rather than refused."""
-    from test_import_kohya_flow import FLOW, FLUX as FLUX_PRESET, reasons
+    from test_import_kohya_flow import FLOW, reasons
+    from test_import_kohya_flow import FLUX as FLUX_PRESET
 
     from trainer.importers.kohya import import_kohya
 

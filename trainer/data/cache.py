@@ -2,10 +2,13 @@
 
 A disk cache file is named by a key that covers everything its latents depend on: the image's
 bytes (SHA-256), the bucket, the resize and crop geometry, whether a flipped latent is stored,
-and the caller's ``vae_id``. A run that finds a valid file for a key encodes nothing for that
-image; any change (new pixels, another resolution, another VAE) gives a new key, so the image is
-encoded again. Files are written atomically (a temporary name, then a rename) and checked on
-reading (a broken file is encoded again). Old files are not deleted.
+and the caller's ``vae_id``; with edit training's control images (trainer/data/controls.py),
+each control's bytes and geometry too (their latents are stored in the target's file as
+``control_0``, ``control_0_flipped``, ...; a key without controls is the same as before). A run
+that finds a valid file for a key encodes nothing for that image; any change (new pixels,
+another resolution, another VAE, another control) gives a new key, so the image is encoded
+again. Files are written atomically (a temporary name, then a rename) and checked on reading
+(a broken file is encoded again). Old files are not deleted.
 """
 
 from __future__ import annotations
@@ -34,6 +37,17 @@ BatchSize = Union[int, Callable[[Size], int]]
 
 
 @dataclass(frozen=True)
+class ControlJob:
+    """One control image of a target, with its render geometry (trainer/data/control_sizing)."""
+
+    path: Path
+    content_hash: str
+    size: Size  # the trained size (the target's bucket, or its own)
+    resized: Size
+    box: Box
+
+
+@dataclass(frozen=True)
 class LatentJob:
     """One image to cache: its index in the dataset and its render geometry."""
 
@@ -44,6 +58,7 @@ class LatentJob:
     resized: Size
     box: Box
     mask: Optional[MaskSource] = None  # training.masked_loss: the mask is cached beside
+    controls: tuple[ControlJob, ...] = ()  # edit training: cached beside, in reference order
 
 
 def latent_cache_key(job: LatentJob, flip: bool, vae_id: str) -> str:
@@ -53,19 +68,28 @@ def latent_cache_key(job: LatentJob, flip: bool, vae_id: str) -> str:
     ]
     if job.mask is not None:  # a file without the mask is never reused for a masked run
         parts.append(f"mask={job.mask.key}")
+    for i, c in enumerate(job.controls):
+        parts.append(f"control{i}={c.content_hash},{bucket_name(c.size)},"
+                     f"{bucket_name(c.resized)},{','.join(map(str, c.box))}")
     return hashlib.sha256("\n".join(parts).encode("utf-8")).hexdigest()
 
 
-def _names(flip: bool, mask: bool = False) -> list[str]:
-    return (["latent", "latent_flipped"] if flip else ["latent"]) + (["mask"] if mask else [])
+def control_name(index: int, flipped: bool = False) -> str:
+    return f"control_{index}" + ("_flipped" if flipped else "")
 
 
-def is_valid_cache_file(path: Path, key: str, flip: bool, mask: bool = False) -> bool:
+def _names(flip: bool, mask: bool = False, controls: int = 0) -> list[str]:
+    return ((["latent", "latent_flipped"] if flip else ["latent"]) + (["mask"] if mask else [])
+            + [control_name(i, f) for i in range(controls) for f in (False, True)[:1 + flip]])
+
+
+def is_valid_cache_file(path: Path, key: str, flip: bool, mask: bool = False,
+                        controls: int = 0) -> bool:
     """True when ``path`` is a readable cache file for ``key`` holding the needed latents."""
     try:
         with safe_open(str(path), framework="pt") as f:
             return ((f.metadata() or {}).get("key") == key
-                    and set(_names(flip, mask)) <= set(f.keys()))
+                    and set(_names(flip, mask, controls)) <= set(f.keys()))
     except Exception:  # missing, truncated or not safetensors: encode again
         return False
 
@@ -108,19 +132,25 @@ class LatentStore:
             self._encode_pending(job)
             del self._pending[index]  # after: an encode that failed is tried again
 
-    def get(self, index: int, flipped: bool = False) -> torch.Tensor:
+    def _entry(self, index: int) -> dict[str, torch.Tensor]:
         self._ready(index)
         latents = self._memory.get(index)
-        if latents is None:
-            latents = load_file(str(self._files[index]))
-        return latents["latent_flipped" if flipped else "latent"]
+        return load_file(str(self._files[index])) if latents is None else latents
+
+    def get(self, index: int, flipped: bool = False) -> torch.Tensor:
+        return self._entry(index)["latent_flipped" if flipped else "latent"]
+
+    def get_controls(self, index: int, flipped: bool = False) -> list[torch.Tensor]:
+        """The cached latents of image ``index``'s controls, in reference order (flipped with
+        it)."""
+        entry, out = self._entry(index), []
+        while control_name(len(out)) in entry:
+            out.append(entry[control_name(len(out), flipped)])
+        return out
 
     def get_with_mask(self, index: int, flipped: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """The latent and its cached loss mask [1, h, w] (flipped with it), one file read."""
-        self._ready(index)
-        entry = self._memory.get(index)
-        if entry is None:
-            entry = load_file(str(self._files[index]))
+        entry = self._entry(index)
         latent = entry["latent_flipped" if flipped else "latent"]
         mask = entry["mask"] if "mask" in entry else torch.ones(1, *latent.shape[-2:])
         return latent, mask.flip(-1) if flipped else mask
@@ -131,6 +161,7 @@ def _pixels(job: LatentJob) -> torch.Tensor:
 
 
 def _encode(encode: Encode, pixels: torch.Tensor, bucket: Size) -> torch.Tensor:
+    """Latents of ``pixels`` (all of the size ``bucket``), checked for their shape."""
     with torch.no_grad():
         out = encode(pixels)
     expected = (pixels.shape[0], bucket[1] // 8, bucket[0] // 8)
@@ -162,11 +193,33 @@ def encode_jobs(
                 outputs = {"latent": both[: len(chunk)], "latent_flipped": both[len(chunk) :]}
             else:
                 outputs = {"latent": _encode(encode, pixels, bucket)}
+            controls = _encode_controls(chunk, encode, flip)
             for row, job in enumerate(chunk):
                 latents = {name: t[row].clone() for name, t in outputs.items()}
                 if job.mask is not None:
                     latents["mask"] = render_mask(job.mask, job.resized, job.box)
+                latents.update(controls[row])
                 yield job, latents
+
+
+def _encode_controls(chunk: list[LatentJob], encode: Encode, flip: bool
+                     ) -> list[dict[str, torch.Tensor]]:
+    """Per job of ``chunk``, its controls' latents: one encode call per control size (the
+    target's bucket, unless a family sizes its controls itself), mirrors in the same call."""
+    out: list[dict[str, torch.Tensor]] = [{} for _ in chunk]
+    by_size: dict[Size, list[tuple[int, int, ControlJob]]] = {}
+    for row, job in enumerate(chunk):
+        for index, control in enumerate(job.controls):
+            by_size.setdefault(control.size, []).append((row, index, control))
+    for size, group in by_size.items():
+        pixels = torch.stack([to_tensor(render(load_image(c.path).rgb, c.resized, c.box))
+                              for _, _, c in group])
+        both = _encode(encode, torch.cat([pixels, pixels.flip(-1)]) if flip else pixels, size)
+        for n, (row, index, _) in enumerate(group):
+            out[row][control_name(index)] = both[n].clone()
+            if flip:
+                out[row][control_name(index, True)] = both[len(group) + n].clone()
+    return out
 
 
 def _batch_size(batch_size: BatchSize, bucket: Size) -> int:
@@ -198,7 +251,8 @@ def build_latent_cache(
             continue
         key = latent_cache_key(job, flip, vae_id)
         files[job.index] = (cache_dir / f"{key}.safetensors", key)
-        if is_valid_cache_file(files[job.index][0], key, flip, job.mask is not None):
+        if is_valid_cache_file(files[job.index][0], key, flip, job.mask is not None,
+                               len(job.controls)):
             store.put_file(job.index, files[job.index][0])
         else:
             todo.append(job)

@@ -19,13 +19,15 @@ from typing import Any, Optional
 import torch
 
 from trainer.config.paths import data_home as studio_data_home
-
 from trainer.families.sdxl.conditioning import size_ids
+
 from . import color_aug
 from .buckets import BucketSpec, Size, assign_bucket, bucket_name, bucket_table_for, cover_size
 from .buckets import crop_box as make_crop_box
 from .cache import Encode, LatentJob, LatentStore, build_latent_cache
 from .captions import CaptionOptions, apply_caption, full_caption, split_tags
+from .control_batch import WithControls
+from .controls import ControlSet, control_root, count_problems, data_family, find_controls
 from .discover import Candidate, ImageEntry, SubsetOptions, scan_root, validate
 from .errors import DatasetError
 from .images import load_image, render, to_tensor
@@ -60,9 +62,13 @@ class Batch:
     mask: Optional[torch.Tensor] = None  # [B, 1, H/8, W/8] in 0..1: training.masked_loss
     rows: Optional[tuple[int, int, int]] = None  # a process's share: first, end, global size
     paths: list[Path] = field(default_factory=list)
+    # edit training: per reference index, [B, C, h, w] latents when cached, else
+    # control_pixels [B, 3, h, w] in [-1, 1] (trainer/data/controls.py); None without controls
+    controls: Optional[list[torch.Tensor]] = None
+    control_pixels: Optional[list[torch.Tensor]] = None
 
 
-class TrainingData:
+class TrainingData(WithControls):
     def __init__(self, entries: list[ImageEntry], cfg: Any, train_dir: Path) -> None:
         ds = cfg.dataset
         self.entries = entries
@@ -88,6 +94,8 @@ class TrainingData:
         self._text: Optional[TextCache] = None
         self.held_out: list[ImageEntry] = []  # validation images (trainer/data/split.py)
         self.masks: Optional[list] = None  # per entry MaskSource or None (trainer/data/masks.py)
+        self.controls: Optional[list[Optional[ControlSet]]] = None  # edit training: use_controls
+        self._sizings: list = []
 
     @property
     def num_images(self) -> int:
@@ -105,7 +113,11 @@ class TrainingData:
 
     def bucket_table(self) -> dict[str, int]:
         """``"WxH"`` -> samples per epoch in that bucket (repeats included)."""
-        return {bucket_name(b): len(self._groups[b]) for b in sorted(self._groups)}
+        table: dict[str, int] = {}
+        for key in sorted(self._groups):  # with controls: (bucket, control sizes)
+            name = bucket_name(key[0] if self.controls else key)
+            table[name] = table.get(name, 0) + len(self._groups[key])
+        return table
 
     def steps_per_epoch(self, batch_size: int) -> int:
         return count_batches([len(g) for g in self._groups.values()], batch_size)
@@ -182,7 +194,8 @@ class TrainingData:
         for index, entry in enumerate(self.entries):
             resized, box = self._geometry(index, None)
             jobs.append(LatentJob(index, entry.path, entry.content_hash, self.buckets[index],
-                                  resized, box, self.masks[index] if self.masks else None))
+                                  resized, box, self.masks[index] if self.masks else None,
+                                  self._control_jobs(index, (resized, box))))
         folder = (Path(cache_dir) if cache_dir else self.default_cache_dir) if to_disk else None
         flip = any(self._flip_aug(i) for i in range(len(self.entries)))
         store, encoded = build_latent_cache(jobs, encode, vae_id, flip, folder, batch_size, lazy)
@@ -275,6 +288,8 @@ class TrainingData:
         else:
             batch.pixels = torch.stack([self._pixels(i, f, g, c)
                                         for i, f, g, c in zip(indices, flips, geometry, colors)])
+        if self.controls:
+            self._add_controls(batch, indices, flips, geometry, colors)
         if self._text is not None:
             batch.text = self._text.get(captions)
         if self.masks is not None and batch.mask is None:
@@ -324,9 +339,10 @@ def _config_problems(cfg: Any) -> list[str]:
 def prepare_dataset(
     cfg: Any, warn: Callable[[str], None], data_home: Optional[Path] = None
 ) -> TrainingData:
-    """Scan and validate the dataset of ``cfg`` (a ``TrainConfig``); raise one
-    :class:`DatasetError` listing every problem. ``data_home`` (default: the studio's data home)
-    is where ``embedded:sample-dataset`` is generated."""
+    """Scan and validate the dataset of ``cfg`` (a ``TrainConfig``), edit training's control
+    images included (trainer/data/controls.py); raise one :class:`DatasetError` listing every
+    problem. ``data_home`` (default: the studio's data home) is where
+    ``embedded:sample-dataset`` is generated."""
     ds = cfg.dataset
     problems = _config_problems(cfg)
     found, train_dir = _scan(cfg, warn, problems, data_home)
@@ -345,11 +361,17 @@ def prepare_dataset(
         masks = subset_masks(cfg, entries, problems)
     else:
         masks = find_masks(cfg, entries, problems)
+    found, held_controls = find_controls(cfg, entries, train_dir, problems, held_out)
+    family = data_family(cfg) if found else None
+    if family is not None:
+        problems += count_problems(found, entries, family)
     if problems:
         raise DatasetError(problems)
     data = TrainingData(entries, cfg, train_dir)
     data.held_out = held_out
     data.masks = masks
+    data.use_controls(found, family)
+    data.held_out_controls = held_controls
     return data
 
 
@@ -364,8 +386,11 @@ def _scan(cfg: Any, warn: Callable[[str], None], problems: list[str],
 
         return dataset_candidates(cfg, warn, problems)
     train_dir = resolve_dataset_dir(ds.train_data_dir, data_home or studio_data_home())
+    ignore = frozenset({control_root(ds.control_dir, train_dir).resolve()}) \
+        if ds.control_dir is not None else frozenset()  # a control folder kept inside
     found = scan_root(train_dir, "dataset.train_data_dir", ds.caption_extension, False, warn,
-                      problems, root_repeats=ds.dataset_repeats, wildcard=ds.enable_wildcard)
+                      problems, root_repeats=ds.dataset_repeats, wildcard=ds.enable_wildcard,
+                      ignore=ignore)
     if ds.reg_data_dir is not None:  # with num_class_images it may be empty: images come
         found += scan_root(Path(ds.reg_data_dir).expanduser(), "dataset.reg_data_dir",
                            ds.caption_extension, True, warn, problems,

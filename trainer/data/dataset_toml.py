@@ -40,9 +40,9 @@ SHARED_KEYS = ("num_repeats", "class_tokens", "caption_extension", "shuffle_capt
                "keep_tokens", "keep_tokens_separator", "caption_prefix", "caption_suffix",
                "caption_dropout_rate", "caption_tag_dropout_rate",
                "caption_dropout_every_n_epochs", "flip_aug", "color_aug", "random_crop",
-               "cache_info", "enable_wildcard")
+               "cache_info", "enable_wildcard", "control_resolution", "no_resize_control")
 # Options of one subset only.
-SUBSET_KEYS = ("image_dir", "is_reg", "alpha_mask", "conditioning_data_dir")
+SUBSET_KEYS = ("image_dir", "is_reg", "alpha_mask", "conditioning_data_dir", "control_directory")
 # The run's ``dataset`` section fields that a subset or dataset inherits when the TOML is silent.
 FROM_SECTION = ("caption_extension", "shuffle_caption", "keep_tokens", "enable_wildcard",
                 "caption_prefix", "caption_suffix", "caption_dropout_rate",
@@ -126,7 +126,7 @@ def _check_value(key: str, value: Any, name: str, problems: list[str]) -> None:
             problems.append(f"{name} = {value!r}: must be {what}")
 
     is_int = isinstance(value, int) and not isinstance(value, bool)
-    if key == "resolution":
+    if key in ("resolution", "control_resolution"):  # musubi-tuner's edit controls' too
         sides = value if isinstance(value, list) else [value]
         want(len(sides) in (1, 2), "an int or [width, height]")
         for side in sides[:2]:
@@ -137,9 +137,10 @@ def _check_value(key: str, value: Any, name: str, problems: list[str]) -> None:
         want(is_int and 1 <= value <= MAX_REPEATS, f"an integer from 1 to {MAX_REPEATS}")
     elif key == "caption_dropout_every_n_epochs":
         want(is_int and value >= 0, "an integer >= 0 (0 = off)")
-    elif key in ("is_reg", "cache_info"):
+    elif key in ("is_reg", "cache_info", "no_resize_control"):
         want(isinstance(value, bool), "true or false")
-    elif key in ("image_dir", "conditioning_data_dir", "keep_tokens_separator"):
+    elif key in ("image_dir", "conditioning_data_dir", "control_directory",
+                 "keep_tokens_separator"):
         want(isinstance(value, str) and value.strip() != "", "a non-empty string")
     elif key == "class_tokens":
         want(isinstance(value, str), "a string")
@@ -221,9 +222,9 @@ def _spec(levels: list[dict[str, Any]], ds: Any) -> BucketSpec:
                       no_upscale=get("bucket_no_upscale"))
 
 
-def _folder(base: Path, value: str) -> Path:
-    path = Path(value).expanduser()
-    return path if path.is_absolute() else base / path
+def _folder(base: Path, value: Optional[str]) -> Optional[Path]:
+    path = Path(value).expanduser() if value else None
+    return path if path is None or path.is_absolute() else base / path
 
 
 def _subset(where: str, levels: list[dict[str, Any]], index: int, spec: BucketSpec, ds: Any,
@@ -239,11 +240,13 @@ def _subset(where: str, levels: list[dict[str, Any]], index: int, spec: BucketSp
         keep_tokens_separator=get("keep_tokens_separator"),
         dropout_every_n_epochs=get("caption_dropout_every_n_epochs") or None,
         wildcard="random" if get("enable_wildcard") else "off")
-    mask_dir = levels[0].get("conditioning_data_dir")
     options = SubsetOptions(caption, spec, flip_aug=get("flip_aug"), color_aug=get("color_aug"),
                             random_crop=get("random_crop"), dataset=index, where=where,
                             alpha_mask=bool(get("alpha_mask", False)),
-                            mask_dir=_folder(base, mask_dir) if mask_dir else None)
+                            mask_dir=_folder(base, levels[0].get("conditioning_data_dir")),
+                            control_dir=_folder(base, levels[0].get("control_directory")),
+                            control_resolution=_lookup("control_resolution", levels, None),
+                            no_resize_control=bool(_lookup("no_resize_control", levels, False)))
     repeats = _lookup("num_repeats", levels, ds.dataset_repeats or 1)  # sd-scripts' fallback
     return Subset(where, _folder(base, levels[0]["image_dir"]), repeats,
                   get("class_tokens"), get("caption_extension"), bool(get("is_reg", False)),

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 from .buckets import BucketSpec, size_problem
 from .captions import CaptionOptions
@@ -42,6 +42,9 @@ class SubsetOptions:
     where: str = ""  # e.g. "datasets[0].subsets[1]", for messages
     alpha_mask: bool = False  # training.masked_loss: the mask is the alpha channel
     mask_dir: Optional[Path] = None  # training.masked_loss: a folder of mask images
+    control_dir: Optional[Path] = None  # edit training: its control images (controls.py)
+    control_resolution: Union[int, list[int], None] = None  # musubi-tuner's control sizing
+    no_resize_control: bool = False
 
 
 @dataclass(frozen=True)
@@ -85,14 +88,16 @@ def parse_concept_folder(name: str) -> Optional[tuple[int, str]]:
 
 
 def find_concept_folders(
-    root: Path, field: str, warn: Callable[[str], None], root_repeats: Optional[int] = None
+    root: Path, field: str, warn: Callable[[str], None], root_repeats: Optional[int] = None,
+    ignore: frozenset[Path] = frozenset(),
 ) -> list[ConceptFolder]:
-    """The ``N_concept`` subfolders of ``root``, sorted by name; warns about the others. With
-    ``root_repeats``, ``root`` itself comes first (its own images, that many repeats, no
-    concept: the finetune layout of dataset.dataset_repeats)."""
+    """The ``N_concept`` subfolders of ``root``, sorted by name; warns about the others (but
+    ``ignore``: a control folder kept inside). With ``root_repeats``, ``root`` itself comes
+    first (its own images, that many repeats, no concept: the finetune layout of
+    dataset.dataset_repeats)."""
     folders, skipped, stray = [], [], []
     for child in sorted(root.iterdir()):
-        if child.name.startswith("."):
+        if child.name.startswith(".") or (ignore and child.resolve() in ignore):
             continue
         if not child.is_dir():
             stray += [child.name] if is_image_file(child) else []
@@ -148,6 +153,7 @@ def scan_root(
     required: bool = True,
     root_repeats: Optional[int] = None,
     wildcard: bool = False,
+    ignore: frozenset[Path] = frozenset(),
 ) -> list[Candidate]:
     """Every image under the concept folders of ``root`` (and directly in it, with
     ``root_repeats``); problems are appended, not raised. With ``required`` off, a missing or
@@ -164,7 +170,7 @@ def scan_root(
         )
         return []
     found: list[Candidate] = []
-    for folder in find_concept_folders(root, field, warn, root_repeats):
+    for folder in find_concept_folders(root, field, warn, root_repeats, ignore):
         found += scan_folder(folder, caption_extension, is_reg, problems, wildcard)
     if root_repeats is not None:
         bare = [c.path.name for c in found

@@ -15,14 +15,18 @@ diffusers layer::
     lora_te1_text_model_encoder_layers_0_self_attn_q_proj.lokr_w1   (a text encoder's, as
                                                                      its LoRA names it)
 
-ComfyUI (comfy/lora.py ``model_lora_keys_unet``) maps ``lycoris_<diffusers path>`` for FLUX.1
-(``flux_to_diffusers``), SD 3 (``mmdit_to_diffusers``), Qwen-Image, Z-Image / Lumina 2 and
-HiDream onto the original weight, a split layer onto its rows of the fused weight (an offset):
-``calculate_weight`` narrows the weight to those rows and its LoRA, LoHa and LoKr adapters add
-their update there in place (DoRA's ``weight_decompose`` too). Its bypass mode (for quantized
-weights) does not honour offsets, for any adapter, plain LoRA's diffusers-named files
-included. diffusers 0.42's ``FluxPipeline.load_lora_weights`` reads no LyCORIS file of FLUX.1
-(it reads LoKr for FLUX.2 and Z-Image only).
+ComfyUI (comfy/lora.py ``model_lora_keys_unet``) maps ``lycoris_<diffusers path>`` for FLUX.1,
+FLUX.2 and Chroma (its ``Flux2`` and ``Chroma`` are ``Flux`` models: ``flux_to_diffusers``), SD 3
+(``mmdit_to_diffusers``), Qwen-Image, Z-Image / Lumina 2 and HiDream onto the original weight,
+a split layer onto its rows of the fused weight (an offset): ``calculate_weight`` narrows the
+weight to those rows and its LoRA, LoHa and LoKr adapters add their update there in place
+(DoRA's ``weight_decompose`` too). Its bypass mode (for quantized weights) does not honour
+offsets, for any adapter, plain LoRA's diffusers-named files included.
+
+diffusers 0.42 applies one kind of these files: ``Flux2KleinPipeline.load_lora_weights`` reads
+a FLUX.2 LoKr (``_convert_lycoris_flux2_lokr_to_diffusers``), not its LoCon or LoHa; FLUX.1's,
+Chroma's, Qwen-Image's and Z-Image's pipelines load nothing of them or refuse them
+(tests/test_lycoris_flow.py, tests/test_lycoris_flow_families.py).
 
 A family answers, in its ``lora`` role: ``target_modules(transformer, train_blocks)`` (what
 trains, the same modules as its LoRA) and ``lycoris_module_name(component, path)`` (a module's

@@ -19,6 +19,14 @@ ALGOS: dict[str, tuple[str, dict[str, str]]] = {
 # schema name -> the network_args name that lycoris.kohya's create_network reads
 ARG_NAMES = {"network_dropout": "dropout", "lycoris_preset": "preset"}
 
+
+def file_network_module(meta: dict[str, Any], own: str) -> str:
+    """``ss_network_module`` of a family's file: a LyCORIS file's metadata (``meta``, the run's)
+    keeps ``lycoris.kohya``, which tells readers its tensors are lycoris modules'; a LoRA
+    file names the family's own trainer module (``own``)."""
+    return NETWORK_MODULE if meta.get("ss_network_module") == NETWORK_MODULE else own
+
+
 def _arg(value: Any) -> str:
     """A value as a user types it in sd-scripts' ``network_args`` (``4``, ``0.5``, ``True``)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):

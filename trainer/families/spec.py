@@ -34,6 +34,22 @@ class Variant:
 
 
 @dataclass(frozen=True)
+class ControlSpec:
+    """Edit training: the control (reference) images one sample of a family takes beside its
+    target. ``max``: at most that many (0: not an edit model); ``required``: at least that many
+    (an edit model that cannot train on a target alone). ``area``: unset, every control is
+    rendered with its target's resize, crop and flip (one bucket); a pixel count, each control
+    is resized to about that area at its own aspect, sides on multiples of ``multiple``, as
+    the family's pipeline sizes its references (flipped with its target, not cropped with it).
+    Read generically by trainer/data/controls.py and the config rules."""
+
+    max: int = 0
+    required: int = 0
+    area: Optional[int] = None
+    multiple: int = 16
+
+
+@dataclass(frozen=True)
 class FamilySpec:
     """A family as the config, the GUI and the registry see it.
 
@@ -65,6 +81,7 @@ class FamilySpec:
     # the values of network.train_blocks its LoRA reads (the first is the default's, "all");
     # none: it has one kind of block
     train_blocks: tuple[str, ...] = ()
+    controls: ControlSpec = ControlSpec()  # edit training's control images (none by default)
 
     @property
     def has_t5(self) -> bool:

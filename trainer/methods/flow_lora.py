@@ -49,12 +49,16 @@ def save_flow_run_lora(path: str | Path, model: Any, cfg: Any, facts: Any, dtype
 def save_flow_run_lycoris(path: str | Path, model: Any, cfg: Any, facts: Any,
                           dtype: torch.dtype, loras: list[Any], encoders: list[str]) -> Path:
     """Write the run's LyCORIS file at ``path``: each module under the family's name
-    (trainer/export/flow_lycoris.py), the flow metadata with ``ss_network_module`` =
-    ``lycoris.kohya`` and its ``ss_network_args``."""
+    (trainer/export/flow_lycoris.py), the flow metadata (the family's writer's where it has
+    one) with ``ss_network_module`` = ``lycoris.kohya`` and its ``ss_network_args``."""
     from trainer.export.flow_lycoris import TRANSFORMER, flow_lycoris_tensors
     from trainer.export.metadata import build_lora_metadata
+    from trainer.families import role
     from trainer.families.common.mmdit_lora_file import save_flow_lora
 
     roots = [(TRANSFORMER, model.denoiser)] + [(name, getattr(model, name)) for name in encoders]
     tensors = flow_lycoris_tensors(model.version, loras, roots, dtype)
+    lora = role(model.version, "lora")
+    if hasattr(lora, "save_run_lora"):  # the family's own metadata, as for its LoRA
+        return lora.save_run_lora(path, tensors, model, cfg, build_lora_metadata(cfg, facts))
     return save_flow_lora(path, tensors, flow_info(model, cfg), build_lora_metadata(cfg, facts))

@@ -38,6 +38,8 @@ def fill_latent_cache(s: Any, out: Any) -> None:
 
     ds, model, later = s.cfg.dataset, s.model, lazy(s)
     family = family_of(model)  # a family may encode its latents its own way
+    if s.data.controls:  # edit training: checked again with the loaded model's family
+        s.data.use_controls(s.data.controls, model.version)
     if ds.cache_latents:
         start = time.time()
         # hashing the VAE's weights is only worth it for a cache that outlives the run

@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 NORMS = (torch.nn.LayerNorm, torch.nn.GroupNorm)
 
 
+PROBE_SIDE = 64  # pixels of the blank image that tells the latents' shape (a multiple of 16)
+
+
 def keep_norms_fp32(module: torch.nn.Module) -> int:
     """Cast the parameters of every LayerNorm / GroupNorm in ``module`` back to fp32 (they are
     tiny); returns how many norms were cast."""
@@ -119,7 +122,8 @@ def bf16_copy(module: torch.nn.Module) -> torch.nn.Module | None:
     from accelerate import init_empty_weights
 
     try:
-        with init_empty_weights(include_buffers=True):
+        with init_empty_weights(include_buffers=False):  # buffers and tensors built in
+            # __init__ (Chroma's unsaved mod_proj, Qwen-Image's RoPE tables) stay real
             copy = type(module).from_config(module.config)
         state = {k: v.to(torch.bfloat16) if v.is_floating_point() else v
                  for k, v in module.state_dict().items()}
@@ -134,14 +138,12 @@ def bf16_copy(module: torch.nn.Module) -> torch.nn.Module | None:
 
 
 def _inputs(model: Any, cfg: Any) -> tuple[Any, ...]:
+    from trainer.families import family_of, spec
     from trainer.run.step import encode_captions
 
-    vae = model.vae.config
-    down = 2 ** (len(vae.block_out_channels) - 1)
     width, height = base_size(cfg.dataset.resolution)
-    noisy = torch.randn(1, vae.latent_channels, height // down, width // down,
+    noisy = torch.randn(*latent_shape(model, family_of(model), height, width),
                         generator=torch.Generator().manual_seed(0))
-    from trainer.families import spec
 
     flow = spec(model.version).objective == "flow"  # sigmas, not integer timesteps
     t = torch.tensor([0.5]) if flow else torch.tensor([500])
@@ -149,6 +151,20 @@ def _inputs(model: Any, cfg: Any) -> tuple[Any, ...]:
         text = encode_captions(model, [""], cfg.model.clip_skip)
     size_ids = torch.tensor([[height, width, 0, 0, height, width]], dtype=torch.float32)
     return noisy, t, text, size_ids
+
+
+def latent_shape(model: Any, family: Any, height: int, width: int,
+                 side: int = PROBE_SIDE) -> tuple[int, ...]:
+    """The shape of one image's latents at ``height`` x ``width`` as the run's encode path makes
+    them (the family's own ``encode_latents`` where it has one: Qwen-Image's normalized 16
+    channels, FLUX.2's 2 x 2 patches of 32): a ``side``-pixel blank image is encoded, which is
+    cheap at any model size, and its spatial sides are scaled up."""
+    from trainer.run.step import encode_images
+
+    with torch.no_grad():
+        small = encode_images(model.vae, torch.zeros(1, 3, side, side), family)
+    down = side // small.shape[-1]
+    return (*small.shape[:-2], height // down, width // down)
 
 
 def _step(family: Any, model: Any, denoiser: Any, cfg: Any, inputs: tuple[Any, ...],

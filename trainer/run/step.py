@@ -75,6 +75,17 @@ def objective_for(model: Any, cfg: TrainConfig) -> Any:
     return DDPMObjective(cfg.training, model.noise_scheduler, model.prediction_type)
 
 
+def control_latents(batch: Any, model: Any, family: Any, device: torch.device,
+                    dtype: torch.dtype) -> list[torch.Tensor]:
+    """Edit training: the latents of the batch's control images, one [B, C, h, w] per reference
+    index (cached, or encoded here like the targets); empty without controls."""
+    if getattr(batch, "controls", None):
+        return [c.to(device, dtype) for c in batch.controls]
+    with torch.no_grad():
+        return [encode_images(model.vae, px, family).to(device, dtype)
+                for px in getattr(batch, "control_pixels", None) or ()]
+
+
 def batch_loss(batch: Any, model: Any, cfg: TrainConfig, device: torch.device,
                dtype: torch.dtype, family: Any = None, objective: Any = None) -> torch.Tensor:
     """The loss of one batch: the objective draws noise and timesteps and gives the target and
@@ -101,7 +112,10 @@ def batch_loss(batch: Any, model: Any, cfg: TrainConfig, device: torch.device,
             # at the denoiser's dtype, as the cache gives it: a trained text encoder (or a
             # textual-inversion embedding) returns fp32 where frozen bf16 weights need bf16
             text = encode_captions(model, batch.captions, cfg.model.clip_skip).to(device, dtype)
-    pred = family.predict(model, noisy, t, text, batch.size_ids)
+    controls = control_latents(batch, model, family, device, dtype)
+    # an edit family's predict takes the controls' latents, one tensor per reference index
+    extra = {"controls": controls} if controls else {}
+    pred = family.predict(model, noisy, t, text, batch.size_ids, **extra)
     pred = objective.prediction(pred, noisy, t)
     target = objective.target(latents, noise, t)
     weights = objective.weights(batch.loss_weights.to(device), t)

@@ -51,7 +51,7 @@ def hinted() -> tuple[tuple[str, str, Any, tuple[str, ...]], ...]:
     for section, cls in SECTIONS.items():
         for name, info in cls.model_fields.items():
             families = ((info.json_schema_extra or {}).get("ui") or {}).get("families")
-            if families:
+            if families is not None:  # an empty hint: no family reads it yet
                 out.append((section, name, info.get_default(call_default_factory=True),
                             tuple(families)))
     return tuple(out)
@@ -71,6 +71,10 @@ def _fix(default: Any) -> str:
 
 def unread_message(key: str, default: Any, family: str, owners: tuple[str, ...]) -> str:
     """Why ``key`` (a setting of ``owners``' families) is refused for ``family``."""
+    from trainer.config.rules.edit import edit_families, not_edit_message
+
+    if set(owners) == set(edit_families()):  # read only by the models that take controls
+        return not_edit_message(key, family)
     name, objective = label(family), spec(family).objective
     others = [o for o in OPTIONS if o != objective and set(owners) == set(names(objective=o))]
     if key in INSTEAD and others:

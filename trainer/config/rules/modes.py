@@ -46,13 +46,15 @@ def dataset_config_problems(cfg: Any) -> list[str]:
     taken = [key for key, value in (
         ("dataset.train_data_dir", ds.train_data_dir not in (EMBEDDED_DATASET, "")),
         ("dataset.reg_data_dir", ds.reg_data_dir is not None),
-        ("dataset.mask_data_dir", ds.mask_data_dir is not None)) if value]
+        ("dataset.mask_data_dir", ds.mask_data_dir is not None),
+        ("dataset.control_dir", ds.control_dir is not None)) if value]
     if taken:
         back = (f" (clear it or set it back to {EMBEDDED_DATASET})"
                 if taken[0] == "dataset.train_data_dir" else "")
         return [f"dataset.dataset_config and {taken[0]} are both set: the dataset TOML names "
-                f"its own folders (image_dir, is_reg, conditioning_data_dir in "
-                f"[[datasets.subsets]]); unset {taken[0]}{back} or unset dataset.dataset_config"]
+                f"its own folders (image_dir, is_reg, conditioning_data_dir, "
+                f"control_directory in [[datasets.subsets]]); unset {taken[0]}{back} or "
+                f"unset dataset.dataset_config"]
     if ds.num_class_images is not None:
         return ["dataset.num_class_images cannot be used with dataset.dataset_config: class "
                 "images are generated into dataset.reg_data_dir; generate them in a run "

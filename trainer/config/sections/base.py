@@ -29,6 +29,9 @@ SECOND_CLIP = tuple(n for n in FAMILIES if "clip_g" in spec(n).text_encoders)  #
 T5 = tuple(n for n in FAMILIES if "t5xxl" in spec(n).text_encoders)  # T5-XXL (FLUX.1, SD 3.5)
 BLOCKS = tuple(n for n in FAMILIES if spec(n).train_blocks)  # network.train_blocks
 CLIP_L_FILE = tuple(n for n in FLOW if "clip_l" in spec(n).text_encoders)  # its own file
+# the edit models: their spec takes control images (FamilySpec.controls); empty until a family
+# declares some, and a hint naming no family shows its setting for none
+EDIT = tuple(n for n in FAMILIES if spec(n).controls.max > 0)
 EMBEDDED_DATASET = "embedded:sample-dataset"
 
 
@@ -45,9 +48,10 @@ def setting(
 ) -> Any:
     """A schema field: default, bounds (ge/gt/le/lt), help and UI hints (the label people
     read, modes, advanced, widget, and ``families``: the model families that read it, unset
-    for all) in one place. ``families`` is the only declaration of which families read a
-    setting: the GUI hides it for the others, and a config that gives it another value than its
-    default for a family outside it is refused (:mod:`trainer.config.rules.family`)."""
+    for all, empty for none yet) in one place. ``families`` is the only declaration of which
+    families read a setting: the GUI hides it for the others, and a config that gives it
+    another value than its default for a family outside it is refused
+    (:mod:`trainer.config.rules.family`)."""
     for mode in modes:
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}")
@@ -59,7 +63,7 @@ def setting(
         ui["label"] = label
     if widget:
         ui["widget"] = widget
-    if families:
+    if families is not None:
         ui["families"] = list(families)
     return Field(default, description=help, json_schema_extra={"ui": ui}, **bounds)
 

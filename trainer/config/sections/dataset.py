@@ -6,7 +6,7 @@ from typing import Optional
 
 from pydantic import field_validator, model_validator
 
-from trainer.config.sections.base import EMBEDDED_DATASET, setting
+from trainer.config.sections.base import EDIT, EMBEDDED_DATASET, setting
 from trainer.config.sections.captions import CaptionOptions
 from trainer.config.sections.resolution import Resolution, check_resolution
 
@@ -103,6 +103,14 @@ class DatasetSection(CaptionOptions):
         "training images (white = train, black = ignore), directly inside or in subfolders "
         "named like the concept folders.", advanced=True, widget="dir",
         label="Mask images folder",
+    )
+    control_dir: Optional[str] = setting(
+        None, "Edit training: folder of the control (reference) images, each named like its "
+        "training image (10_night/001.png -> 001.png; several references 001_0.png, 001_1.png, "
+        "in that order), directly inside or in subfolders named like the concept folders; a "
+        "relative path is read from train_data_dir. Only for models that take control images.",
+        advanced=True, widget="dir", families=EDIT,
+        label="Control images folder",
     )
     shuffle_caption: bool = setting(False, "Shuffle the comma-separated tags of each caption.",
                                     label="Shuffle caption tags")

@@ -13,5 +13,5 @@ CHROMA = FamilySpec(
     # HD and Base have the same keys and shapes: one variant, which names the released model
     variants=(Variant("hd", "Chroma1-HD", "chroma1-hd", 512),),
     part_settings={"vae": "model.ae", "t5xxl": "model.t5xxl"},
-    kohya_version="chroma", textual_inversion=False, lycoris=False)
+    kohya_version="chroma", textual_inversion=False)
 SPECS = (CHROMA,)

@@ -155,6 +155,24 @@ def run_state_dict(transformer: Optional[torch.nn.Module], encoders: dict[str, A
     return tensors
 
 
+# --- LyCORIS (trainer/export/flow_lycoris.py) ----------------------------------------------------
+
+
+def lycoris_module_name(component: str, path: str) -> str:
+    """A LyCORIS file's name of a trained module: the transformer's ``lycoris_`` + its diffusers
+    path, which ComfyUI's Flux branch maps for Chroma (its ``Chroma`` model is a ``Flux``;
+    ``flux_to_diffusers``): q / k / v onto their rows of ``img_attn.qkv``, ``txt_attn.qkv`` or
+    a single block's ``linear1``, ``proj_mlp`` onto ``linear1``'s MLP rows, the rest whole; T5
+    as its LoRA names it (``lora_te1_``, ComfyUI's name of Chroma's first text encoder)."""
+    from trainer.export.flow_lycoris import TRANSFORMER, diffusers_lycoris_name
+
+    if component == TRANSFORMER:
+        return diffusers_lycoris_name(path)
+    if component == "text_encoder":
+        return kohya_module_name(T5_PREFIX, path)
+    raise ValueError(f"Chroma has no component {component!r} for a LyCORIS file")
+
+
 def file_metadata(info: Any) -> dict[str, str]:
     """What a Chroma LoRA's metadata says beside the run's keys, as sd-scripts'
     ``flux_train_network.py`` with ``--model_type chroma`` writes it (``ss_model_type``,

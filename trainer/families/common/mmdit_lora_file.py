@@ -156,10 +156,14 @@ def flow_lora_metadata(info: FlowLoraInfo, base: Optional[Mapping[str, str]] = N
         meta["modelspec.implementation"] = IMPL_DIFFUSERS
         meta["modelspec.prediction_type"] = "epsilon"
     else:  # another flow family: what its lora role's file_metadata() says
+        from trainer.export.lycoris_args import file_network_module
         from trainer.families import role
 
         meta.pop("modelspec.prediction_type", None)
-        meta.update(role(info.family, "lora").file_metadata(info))
+        own = role(info.family, "lora").file_metadata(info)
+        if "ss_network_module" in own:  # a LyCORIS file keeps lycoris.kohya
+            own["ss_network_module"] = file_network_module(meta, own["ss_network_module"])
+        meta.update(own)
     if "modelspec.sai_model_spec" not in meta:
         meta["modelspec.sai_model_spec"] = "1.0.1"
     return meta

@@ -17,5 +17,5 @@ FLUX2 = FamilySpec(
               Variant("klein-base-9b", "FLUX.2 [klein] base 9B", "flux2-klein-9b"),
               Variant("dev", "FLUX.2 [dev]", "flux2-dev")),
     part_settings={"vae": "model.ae", "qwen3": "model.text_encoder"},
-    kohya_version="flux2", textual_inversion=False, lycoris=False)
+    kohya_version="flux2", textual_inversion=False)
 SPECS = (FLUX2,)

@@ -154,12 +154,13 @@ def save_lora_file(path: Any, tensors: dict[str, torch.Tensor], model: Any,
     its family: ``ss_base_model_version`` (its BFL kohya names are FLUX.1's too) and
     musubi-tuner's network module."""
     from trainer.export.hashes import add_hashes
+    from trainer.export.lycoris_args import file_network_module
     from trainer.system.safe_write import save_safetensors_atomic
 
     meta = {k: str(v) for k, v in metadata.items()
             if k not in ("sshs_model_hash", "sshs_legacy_hash", "modelspec.hash_sha256")}
     meta.update({"ss_base_model_version": BASE_MODEL_VERSION, "ss_v2": "False",
-                 "ss_network_module": "networks.lora_flux_2",
+                 "ss_network_module": file_network_module(meta, "networks.lora_flux_2"),
                  "modelspec.architecture": f"flux-2-{model.variant or 'klein-4b'}/lora",
                  "modelspec.implementation": "https://github.com/black-forest-labs/flux2"})
     meta.pop("modelspec.prediction_type", None)
@@ -194,3 +195,20 @@ def own_form_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
     """A FLUX.2 LoRA file of any writer in this family's own form (BFL kohya names with alpha,
     split layers fused block-diagonally): what resize writes."""
     return fuse_parts(kohya_form(tensors), FUSED)
+
+
+# --- LyCORIS (trainer/export/flow_lycoris.py) ----------------------------------------------------
+
+
+def lycoris_module_name(component: str, path: str) -> str:
+    """A LyCORIS file's name of a trained module: ``lycoris_`` + its diffusers path, which
+    ComfyUI's Flux branch maps for FLUX.2 (its ``Flux2`` model is a ``Flux``;
+    ``flux_to_diffusers``): ``attn.to_q`` / ``to_k`` / ``to_v`` and ``add_*_proj`` onto their
+    rows of ``img_attn.qkv`` / ``txt_attn.qkv``, ``ff.linear_in`` / ``linear_out`` onto
+    ``img_mlp.0`` / ``.2``, a single block's ``attn.to_qkv_mlp_proj`` onto ``linear1`` and
+    ``attn.to_out`` onto ``linear2``, whole."""
+    from trainer.export.flow_lycoris import TRANSFORMER, diffusers_lycoris_name
+
+    if component != TRANSFORMER:
+        raise ValueError(f"a FLUX.2 LyCORIS file holds the transformer only, not {component!r}")
+    return diffusers_lycoris_name(path)

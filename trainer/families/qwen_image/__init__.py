@@ -13,5 +13,5 @@ QWEN_IMAGE = FamilySpec(
     # named for T5's length, which the advisor reads)
     variants=(Variant("base", "Qwen-Image", "qwen-image", 512),),
     part_settings={"vae": "model.vae", "qwen25_7b": "model.text_encoder"},
-    kohya_version="qwen_image", textual_inversion=False, lycoris=False, continues_lora=True)
+    kohya_version="qwen_image", textual_inversion=False, continues_lora=True)
 SPECS = (QWEN_IMAGE,)

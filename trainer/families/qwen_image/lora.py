@@ -81,6 +81,21 @@ def run_state_dict(transformer: Optional[torch.nn.Module], encoders: dict[str, A
     return transformer_tensors(transformer, dtype=dtype)
 
 
+# --- LyCORIS (trainer/export/flow_lycoris.py) ----------------------------------------------------
+
+
+def lycoris_module_name(component: str, path: str) -> str:
+    """A LyCORIS file's name of a trained module: ``lycoris_`` + its path, which ComfyUI's
+    QwenImage branch maps onto the weight of that path (its model keys are these diffusers
+    names; nothing is fused)."""
+    from trainer.export.flow_lycoris import TRANSFORMER, diffusers_lycoris_name
+
+    if component != TRANSFORMER:
+        raise ValueError(f"a Qwen-Image LyCORIS file holds the transformer only, not "
+                         f"{component!r}")
+    return diffusers_lycoris_name(path)
+
+
 # musubi-tuner's record of the model (qwen_image/qwen_image_utils.py ARCHITECTURE_QWEN_IMAGE),
 # with the [flow] settings under sd-scripts' names
 BASE_MODEL_VERSION = "qwen_image"

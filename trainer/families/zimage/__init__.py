@@ -12,5 +12,5 @@ ZIMAGE = FamilySpec(
     variants=(Variant("turbo", "Z-Image Turbo", "z-image-turbo"),
               Variant("base", "Z-Image", "z-image-turbo")),
     part_settings={"vae": "model.ae", "qwen3": "model.text_encoder"},
-    kohya_version="zimage", textual_inversion=False, lycoris=False, continues_lora=True)
+    kohya_version="zimage", textual_inversion=False, continues_lora=True)
 SPECS = (ZIMAGE,)

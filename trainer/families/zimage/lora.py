@@ -140,12 +140,13 @@ def save_lora_file(path: Any, tensors: dict[str, torch.Tensor], model: Any,
     """Write a Z-Image LoRA (a run's, a resized or extracted one) with ``metadata`` and the
     keys that tell its family (musubi-tuner's version and network module)."""
     from trainer.export.hashes import add_hashes
+    from trainer.export.lycoris_args import file_network_module
     from trainer.system.safe_write import save_safetensors_atomic
 
     meta = {k: str(v) for k, v in metadata.items()
             if k not in ("sshs_model_hash", "sshs_legacy_hash", "modelspec.hash_sha256")}
     meta.update({"ss_base_model_version": BASE_MODEL_VERSION, "ss_v2": "False",
-                 "ss_network_module": "networks.lora_zimage",
+                 "ss_network_module": file_network_module(meta, "networks.lora_zimage"),
                  "modelspec.architecture": f"z-image-{model.variant or 'turbo'}/lora",
                  "modelspec.implementation": "https://github.com/Tongyi-MAI/Z-Image"})
     meta.pop("modelspec.prediction_type", None)
@@ -161,6 +162,22 @@ def save_run_lora(path: Any, tensors: dict[str, torch.Tensor], model: Any, cfg: 
         **metadata, "ss_timestep_sampling": str(f.timestep_sampling),
         "ss_discrete_flow_shift": str(float(f.discrete_flow_shift)),
         "ss_weighting_scheme": str(f.weighting_scheme)})
+
+
+# --- LyCORIS (trainer/export/flow_lycoris.py) ----------------------------------------------------
+
+
+def lycoris_module_name(component: str, path: str) -> str:
+    """A LyCORIS file's name of a trained module: ``lycoris_`` + its diffusers path, which
+    ComfyUI's Lumina 2 branch maps for Z-Image (``z_image_to_diffusers``): ``attention.to_q`` /
+    ``to_k`` / ``to_v`` onto their rows of the native ``attention.qkv``, ``to_out.0`` onto
+    ``attention.out``, ``feed_forward.w1`` / ``w2`` / ``w3`` and ``adaLN_modulation.0`` as they
+    are, in the main layers and both refiners."""
+    from trainer.export.flow_lycoris import TRANSFORMER, diffusers_lycoris_name
+
+    if component != TRANSFORMER:
+        raise ValueError(f"a Z-Image LyCORIS file holds the transformer only, not {component!r}")
+    return diffusers_lycoris_name(path)
 
 
 # --- the peers' files: network.network_weights and the tools ------------------------------------
