@@ -79,6 +79,9 @@ class FamilySpec:
     # a plain LoRA file continues (network.network_weights with network_type "lora"): always
     # for a UNet family; a transformer family's lora role reads its own and the peers' files
     continues_lora: bool = False
+    # the values of network.train_blocks its LoRA reads (the first is the default's, "all");
+    # none: it has one kind of block
+    train_blocks: tuple[str, ...] = ()
     controls: ControlSpec = ControlSpec()  # edit training's control images (none by default)
 
     @property

@@ -6,7 +6,7 @@ from trainer.families.spec import FamilySpec, Variant
 FLUX1 = FamilySpec(
     name="flux1", label="FLUX.1", folder="flux", denoiser="transformer", objective="flow",
     text_encoders=("clip_l", "t5xxl"), embedded="embedded:tiny-flux",
-    pipelines=("FluxPipeline",),
+    pipelines=("FluxPipeline",), train_blocks=("all", "single", "double"),
     variants=(Variant("dev", "FLUX.1-dev, guidance-distilled", "flux1-dev", 512),
               Variant("schnell", "FLUX.1-schnell", "flux1-schnell", 256)),
     part_settings={"vae": "model.ae", "clip_l": "model.clip_l", "t5xxl": "model.t5xxl"},
