@@ -41,12 +41,16 @@ class ControlSpec:
     rendered with its target's resize, crop and flip (one bucket); a pixel count, each control
     is resized to about that area at its own aspect, sides on multiples of ``multiple``, as
     the family's pipeline sizes its references (flipped with its target, not cropped with it).
+    ``text``: the family's text encoder reads the controls too (Qwen-Image-Edit's Qwen2.5-VL):
+    a step encodes its captions with its controls' pixels (``encode(..., controls=...)``),
+    and text-encoder outputs, which a cache keys by caption alone, are not cached for pairs.
     Read generically by trainer/data/controls.py and the config rules."""
 
     max: int = 0
     required: int = 0
     area: Optional[int] = None
     multiple: int = 16
+    text: bool = False
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,9 @@ class FamilySpec:
     # for a UNet family; a transformer family's lora role reads its own and the peers' files
     continues_lora: bool = False
     controls: ControlSpec = ControlSpec()  # edit training's control images (none by default)
+    # more embedded tiny twins of the family's variants (``embedded:tiny-qwen-image-edit``),
+    # built by its tiny role's ``ensure`` into a folder named like the id
+    twins: tuple[str, ...] = ()
 
     @property
     def has_t5(self) -> bool:
