@@ -90,6 +90,8 @@ class WithControls:
     _sizings: list[ControlSizing]
     _latents: Any
     _groups: dict
+    text_cache_blocker: Optional[str]
+    _control_text: bool = False
 
     def _geometry(self, index: int, rng: Any) -> Geometry:
         raise NotImplementedError  # TrainingData's: the target's resize and crop
@@ -110,6 +112,14 @@ class WithControls:
         self.controls = controls
         self._sizings = sizings(controls, self.entries,
                                 spec(family).controls if family else None)
+        # a family whose text encoder reads the controls: its pixels in every batch, and no
+        # text-encoder cache keyed by caption alone
+        self._control_text = bool(family) and spec(family).controls.text
+        if self._control_text and "reads each training image's control" not in (
+                self.text_cache_blocker or ""):
+            why = (f"{spec(family).label}'s text encoder reads each training image's control "
+                   f"images (each step encodes its captions with them)")
+            self.text_cache_blocker = "; ".join(filter(None, (self.text_cache_blocker, why)))
         keys = [group_key(b, c, z, self._geometry(i, None)) for i, (b, c, z)
                 in enumerate(zip(self.buckets, controls, self._sizings))]
         self._groups = group_by_bucket(self.counts, keys)
@@ -125,7 +135,8 @@ class WithControls:
         if self._latents is not None:
             batch.controls = stack(
                 [self._latents.get_controls(i, f) for i, f in zip(indices, flips)])
-            return
+            if not self._control_text:
+                return
         batch.control_pixels = stack([pixels(
             self.controls[i], self._sizings[i], self.buckets[i], g, f, c)
             for i, f, g, c in zip(indices, flips, geometry, colors)])

@@ -1,0 +1,265 @@
+"""Qwen-Image-Edit on its tiny twin (``embedded:tiny-qwen-image-edit``), held to diffusers'
+``QwenImageEditPipeline`` (and ``QwenImageEditPlusPipeline`` for 2509's several controls): the
+conditioning of a prompt with its control image is the pipeline's ``encode_prompt``, the denoiser
+call with the control's latents is the pipeline's transformer call cut to the target's tokens, the
+loss reads the target's tokens alone, and a LoRA trained on image pairs through the normal loop
+loads in the edit pipeline to the trained output, in the Qwen-Image LoRA form ComfyUI maps."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from types import SimpleNamespace
+
+import pytest
+import torch
+from control_helpers import pairs
+from diffusers import QwenImageEditPipeline, QwenImageEditPlusPipeline
+from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit_plus import (
+    CONDITION_IMAGE_SIZE,
+    calculate_dimensions,
+)
+from safetensors import safe_open
+from test_qwen_image_files import LORA_SUFFIXES, comfy_key_map
+from train_helpers import small_config
+
+from trainer.config import ModelSection
+from trainer.events import ListSink
+from trainer.families import family
+from trainer.families.qwen_image.checkpoint import save_checkpoint
+from trainer.families.qwen_image.edit import to_pil
+from trainer.methods.lora import LoraMethod
+from trainer.models.loader import load_base_model, resolve_model_path
+from trainer.models.text_conditioning import TextConditioning
+from trainer.run.loop import run
+
+pytestmark = pytest.mark.usefixtures("no_network")
+TWIN = "embedded:tiny-qwen-image-edit"
+CAPTIONS = ["make the circle blue", "invert it"]
+
+
+def pixels(seed: int, batch: int, h: int, w: int) -> torch.Tensor:
+    """Pixels in [-1, 1] that come from 8-bit values (as the dataset renders them)."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (batch, 3, h, w), generator=gen).float() / 127.5 - 1
+
+
+def pipeline(cls, model):
+    return cls.from_pretrained(resolve_model_path(TWIN), processor=model.processor,
+                               tokenizer=model.tokenizer, local_files_only=True)
+
+
+def plus_model(tmp_path_factory):
+    """The twin's folder as a QwenImageEditPlusPipeline (what 2509's model_index names)."""
+    folder = tmp_path_factory.mktemp("plus") / "edit-2509"
+    shutil.copytree(resolve_model_path(TWIN), folder)
+    index = json.loads((folder / "model_index.json").read_text())
+    (folder / "model_index.json").write_text(
+        json.dumps(dict(index, _class_name="QwenImageEditPlusPipeline")))
+    return load_base_model(ModelSection(pretrained_model_name_or_path=str(folder)))
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_base_model(ModelSection(pretrained_model_name_or_path=TWIN))
+
+
+@pytest.fixture(scope="module")
+def pipe(model):
+    return pipeline(QwenImageEditPipeline, model)
+
+
+def test_the_twin_is_the_edit_variant_with_its_processor(model):
+    assert model.version == "qwen_image" and model.variant == "edit"
+    index = json.loads((resolve_model_path(TWIN) / "model_index.json").read_text())
+    assert index["_class_name"] == "QwenImageEditPipeline"
+    assert index["processor"] == ["transformers", "Qwen2VLProcessor"]
+    assert model.text_encoder.config.vision_config.depth == 1  # the tiny vision tower
+
+
+def test_conditioning_is_the_pipelines_encode_prompt_with_the_control(model, pipe):
+    """The control enters the text encoder: the edit template, the image through the
+    processor, the template's first 64 tokens dropped; a different control, other states."""
+    control = pixels(1, 2, 64, 96)
+    with torch.no_grad():
+        text = family("qwen_image").encode(model, CAPTIONS, 0, controls=[control])
+        embeds, mask = pipe.encode_prompt(CAPTIONS, image=[to_pil(c) for c in control],
+                                          device="cpu")
+        other = family("qwen_image").encode(model, CAPTIONS, 0, controls=[-control])
+    assert mask is not None and not mask.all()
+    torch.testing.assert_close(text.hidden, embeds, rtol=0, atol=0)
+    assert torch.equal(text.mask, mask.long())
+    assert (other.hidden - text.hidden).abs().max() > 1e-4
+
+
+def edit_call(transformer, noisy, control, embeds, mask, t):
+    """QwenImageEditPipeline's loop at one timestep: the control's packed latents after the
+    target's, both in img_shapes, the output cut to the target's tokens and unpacked."""
+    b, c, h, w = noisy.shape
+    packed = QwenImageEditPipeline._pack_latents(noisy, b, c, h, w)
+    image = QwenImageEditPipeline._pack_latents(control, b, c, *control.shape[2:])
+    out = transformer(hidden_states=torch.cat([packed, image], dim=1), timestep=t,
+                      guidance=None, encoder_hidden_states_mask=mask,
+                      encoder_hidden_states=embeds, attention_kwargs={}, return_dict=False,
+                      img_shapes=[[(1, h // 2, w // 2),
+                                   (1, control.shape[2] // 2, control.shape[3] // 2)]] * b)[0]
+    out = out[:, :packed.size(1)]
+    return QwenImageEditPipeline._unpack_latents(out, h * 8, w * 8, 8)[:, :, 0]
+
+
+def test_predict_with_a_control_is_the_pipelines_transformer_call(model, pipe):
+    gen = torch.Generator().manual_seed(3)
+    noisy = torch.randn(2, 16, 8, 6, generator=gen)
+    control = torch.randn(2, 16, 6, 10, generator=gen)  # its own size, not the target's
+    t = torch.tensor([0.7, 0.7])
+    with torch.no_grad():
+        text = family("qwen_image").encode(model, CAPTIONS, 0, controls=[pixels(2, 2, 48, 80)])
+        ours = family("qwen_image").predict(model, noisy, t, text, None, controls=[control])
+        theirs = edit_call(pipe.transformer, noisy, control, text.hidden, text.mask, t)
+        alone = family("qwen_image").predict(model, noisy, t, text, None)
+    assert ours.shape == noisy.shape
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
+    assert (ours - alone).abs().max() > 1e-4  # the control's tokens are attended to
+
+
+class Loud(torch.nn.Module):
+    """The transformer, with its output at the reference tokens (after ``tokens``) made huge."""
+
+    def __init__(self, transformer, tokens: int) -> None:
+        super().__init__()
+        self.inner, self.tokens = transformer, tokens
+
+    def forward(self, **kw):
+        out = self.inner(**kw)[0].clone()
+        out[:, self.tokens:] = 1e6
+        return (out,)
+
+
+def test_the_loss_reads_the_target_tokens_alone(model):
+    """What the transformer gives at the control's tokens never reaches the prediction (so
+    neither the loss): a denoiser whose output there is 1e6 predicts the same."""
+    gen = torch.Generator().manual_seed(4)
+    noisy, control = torch.randn(1, 16, 8, 8, generator=gen), torch.randn(1, 16, 8, 8)
+    text = TextConditioning(torch.randn(1, 5, 32, generator=gen))
+    t = torch.tensor([0.5])
+    with torch.no_grad():
+        plain = family("qwen_image").predict(model, noisy, t, text, None, controls=[control])
+        loud = family("qwen_image").predict(model, noisy, t, text, None, controls=[control],
+                                            denoiser=Loud(model.denoiser, 16))
+    torch.testing.assert_close(plain, loud, rtol=0, atol=0)
+
+
+def test_the_variant_takes_its_number_of_controls(model):
+    one = pixels(5, 1, 32, 32)
+    with pytest.raises(ValueError, match="needs its control image"):
+        family("qwen_image").encode(model, ["x"], 0)
+    with pytest.raises(ValueError, match="at most 1 control"):
+        family("qwen_image").encode(model, ["x"], 0, controls=[one, one])
+    base = SimpleNamespace(variant="base", description="Qwen-Image")
+    with pytest.raises(ValueError, match="not an edit model"):
+        family("qwen_image").encode(base, ["x"], 0, controls=[one])
+
+
+def test_plus_takes_several_controls_as_its_pipeline(tmp_path_factory):
+    """2509 (QwenImageEditPlusPipeline): ``Picture N:`` per control, each resized to about
+    384 x 384 for the text encoder; every control's latents after the target's tokens."""
+    plus = plus_model(tmp_path_factory)
+    assert plus.variant == "edit-2509"
+    pipe = pipeline(QwenImageEditPlusPipeline, plus)
+    first, second = pixels(6, 1, 64, 96), pixels(7, 1, 80, 64)
+    with torch.no_grad():
+        text = family("qwen_image").encode(plus, CAPTIONS[:1], 0, controls=[first, second])
+        images = []
+        for control in (first, second):  # as the pipeline's __call__ sizes them
+            image = to_pil(control[0])
+            w, h = calculate_dimensions(CONDITION_IMAGE_SIZE, image.size[0] / image.size[1])
+            images.append(pipe.image_processor.resize(image, h, w))
+        embeds, mask = pipe.encode_prompt(CAPTIONS[:1], image=images, device="cpu")
+    torch.testing.assert_close(text.hidden, embeds, rtol=0, atol=0)
+    gen = torch.Generator().manual_seed(8)
+    noisy, a, b = (torch.randn(1, 16, *s, generator=gen) for s in ((8, 8), (6, 8), (8, 4)))
+    with torch.no_grad():
+        ours = family("qwen_image").predict(plus, noisy, torch.tensor([0.3]), text, None,
+                                            controls=[a, b])
+        packed = [pipe._pack_latents(x, 1, 16, *x.shape[2:]) for x in (noisy, a, b)]
+        out = pipe.transformer(hidden_states=torch.cat(packed, dim=1),
+                               timestep=torch.tensor([0.3]), encoder_hidden_states=embeds,
+                               encoder_hidden_states_mask=mask, return_dict=False,
+                               img_shapes=[[(1, 4, 4), (1, 3, 4), (1, 4, 2)]])[0]
+        theirs = pipe._unpack_latents(out[:, :16], 64, 64, 8)[:, :, 0]
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
+
+
+FIXED_CONTROL = torch.randn(1, 16, 8, 8, generator=torch.Generator().manual_seed(12))
+
+
+def predict(transformer) -> torch.Tensor:
+    """The family's edit denoiser call on fixed inputs and a fixed control."""
+    gen = torch.Generator().manual_seed(11)
+    noisy = torch.randn(1, 16, 8, 8, generator=gen)
+    text = TextConditioning(torch.randn(1, 7, transformer.config.joint_attention_dim,
+                                        generator=gen))
+    twin = SimpleNamespace(denoiser=transformer)
+    with torch.no_grad():
+        return family("qwen_image").predict(twin, noisy, torch.tensor([0.6]), text, None,
+                                            controls=[FIXED_CONTROL])
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A LoRA trained on two image pairs (a target, its inverted control) through the loop,
+    alpha != rank: (its file, the trained output, the run's batches' control counts)."""
+    tmp = tmp_path_factory.mktemp("qwen_edit_lora")
+    train = pairs(tmp / "data", names=("a", "b"), sizes=((64, 64), (64, 64)))
+    cfg = small_config(tmp, train, model={"pretrained_model_name_or_path": TWIN},
+                       dataset={"control_dir": "control", "cache_latents": True},
+                       network={"network_dim": 4, "network_alpha": 2.0},
+                       optimizer={"learning_rate": 1e-2}, training={"max_train_steps": 2})
+    seen, texts = {}, []
+    real_save, real_encode = LoraMethod.save, type(family("qwen_image")).encode
+
+    def save(self, path, model, facts, final=True):
+        if final:
+            seen["out"] = predict(model.denoiser)
+        return real_save(self, path, model, facts, final)
+
+    def encode(self, model, captions, clip_skip, controls=None):
+        texts.append(len(controls or ()))
+        return real_encode(self, model, captions, clip_skip, controls)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(LoraMethod, "save", save)
+        patch.setattr(type(family("qwen_image")), "encode", encode)
+        result = run(cfg, ListSink())
+    assert result.status == "finished", result.error
+    return result.output_path, seen["out"], texts
+
+
+def test_the_loop_encodes_each_steps_captions_with_its_control(trained):
+    _, _, texts = trained
+    assert texts == [1, 1]  # one encode a step, each with the batch's control (no text cache)
+
+
+def test_edit_pipeline_load_lora_weights_reproduces_the_trained_output(trained, model):
+    path, out, _ = trained
+    pipe = pipeline(QwenImageEditPipeline, model)
+    before = predict(pipe.transformer)
+    pipe.load_lora_weights(path)
+    after = predict(pipe.transformer)
+    assert (after - before).abs().max() > 1e-3
+    torch.testing.assert_close(after, out, atol=1e-5, rtol=1e-5)
+
+
+def test_the_file_is_the_qwen_image_comfyui_form_with_nothing_left_over(trained, model,
+                                                                        tmp_path):
+    path, _, _ = trained
+    comfy = tmp_path / "qwen_image_edit_bf16.safetensors"
+    save_checkpoint(comfy, {"transformer": model.denoiser})
+    with safe_open(str(comfy), "pt") as f:
+        names = comfy_key_map(list(f.keys()))
+    with safe_open(path, "pt") as f:
+        keys, meta = list(f.keys()), f.metadata()
+    modules = {k[: -len(s)] for k in keys for s in LORA_SUFFIXES if k.endswith(s)}
+    assert len(keys) == 3 * len(modules)
+    assert all(m in names for m in modules), sorted(m for m in modules if m not in names)[:5]
+    assert meta["ss_base_model_version"] == "qwen_image"
