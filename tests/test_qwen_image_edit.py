@@ -215,8 +215,9 @@ def trained(tmp_path_factory):
                        dataset={"control_dir": "control", "cache_latents": True},
                        network={"network_dim": 4, "network_alpha": 2.0},
                        optimizer={"learning_rate": 1e-2}, training={"max_train_steps": 2})
-    seen, texts = {}, []
-    real_save, real_encode = LoraMethod.save, type(family("qwen_image")).encode
+    seen, texts, preds = {}, [], []
+    kind = type(family("qwen_image"))
+    real_save, real_encode, real_predict = LoraMethod.save, kind.encode, kind.predict
 
     def save(self, path, model, facts, final=True):
         if final:
@@ -227,17 +228,35 @@ def trained(tmp_path_factory):
         texts.append(len(controls or ()))
         return real_encode(self, model, captions, clip_skip, controls)
 
+    def predict_(self, model, noisy, t, text, size_ids, cfg=None, denoiser=None, controls=None):
+        preds.append([(tuple(noisy.shape), tuple(c.shape)) for c in controls or ()])
+        return real_predict(self, model, noisy, t, text, size_ids, cfg, denoiser, controls)
+
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(LoraMethod, "save", save)
-        patch.setattr(type(family("qwen_image")), "encode", encode)
+        patch.setattr(kind, "encode", encode)
+        patch.setattr(kind, "predict", predict_)
         result = run(cfg, ListSink())
     assert result.status == "finished", result.error
-    return result.output_path, seen["out"], texts
+    return result.output_path, seen["out"], (texts, preds)
 
 
-def test_the_loop_encodes_each_steps_captions_with_its_control(trained):
-    _, _, texts = trained
-    assert texts == [1, 1]  # one encode a step, each with the batch's control (no text cache)
+def test_the_loop_feeds_each_step_its_control(trained):
+    """One encode a step, each with the batch's control pixels (no caption-keyed text cache),
+    and the control's cached latents beside the target's in the denoiser call."""
+    _, _, (texts, preds) = trained
+    assert texts == [1, 1]
+    step = [((1, 16, 8, 8), (1, 16, 8, 8))]  # 64 px target and control: 8 x 8 latents
+    assert preds[:2] == [step, step]
+
+
+def test_an_edit_models_samples_are_drawn_from_the_prompt(model):
+    from trainer.families.qwen_image.tiny import scheduler
+
+    pipe = family("qwen_image").pipeline(model, model.denoiser, scheduler())
+    out = pipe("a red circle", height=32, width=32, num_inference_steps=2, output_type="pt",
+               generator=torch.Generator().manual_seed(0)).images
+    assert out.shape == (1, 3, 32, 32) and torch.isfinite(out).all()
 
 
 def test_edit_pipeline_load_lora_weights_reproduces_the_trained_output(trained, model):

@@ -108,13 +108,11 @@ class QwenImageFamily:
         return QwenImagePipeline._unpack_latents(out[:, :tokens], h, w, 1)[:, :, 0]
 
     def pipeline(self, model: Any, denoiser: Any, scheduler: Any) -> Any:
+        """The samples' pipeline: ``QwenImagePipeline``, for the edit variants too (a sample
+        prompt names no control image yet, and the edit pipelines need one: an edit model's
+        samples are drawn from the prompt alone)."""
         from diffusers import QwenImagePipeline
 
-        from trainer.families.qwen_image.edit import edit_pipeline
-
-        pipe = edit_pipeline(model, denoiser, scheduler)
-        if pipe is not None:
-            return pipe
         return QwenImagePipeline(scheduler=scheduler, vae=model.vae,
                                  text_encoder=model.text_encoder, tokenizer=model.tokenizer,
                                  transformer=denoiser)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -44,6 +44,7 @@ DROP = 64  # prompt_template_encode_start_idx of both edit pipelines
 CONDITION_AREA = 384 * 384  # QwenImageEditPlusPipeline's CONDITION_IMAGE_SIZE
 # how many controls each variant takes (at least one: an edit model edits an image)
 MAX_CONTROLS = {"base": 0, "layered": 0, "edit": 1, "edit-2509": 3, "edit-2511": 3}
+# the diffusers pipeline of each edit variant's folder
 PIPELINES = {"edit": "QwenImageEditPipeline", "edit-2509": "QwenImageEditPlusPipeline",
              "edit-2511": "QwenImageEditPlusPipeline"}
 
@@ -155,15 +156,3 @@ def pack_with_controls(noisy: torch.Tensor, controls: list[torch.Tensor]
               for x in latents]
     shapes = [(1, x.shape[2] // 2, x.shape[3] // 2) for x in latents]
     return torch.cat(packed, dim=1), [shapes] * b, packed[0].shape[1]
-
-
-def edit_pipeline(model: Any, denoiser: Any, scheduler: Any) -> Optional[Any]:
-    """The variant's diffusers pipeline (for an edit model), else None."""
-    name = PIPELINES.get(model.variant)
-    if name is None:
-        return None
-    import diffusers
-
-    return getattr(diffusers, name)(scheduler=scheduler, vae=model.vae,
-                                    text_encoder=model.text_encoder, tokenizer=model.tokenizer,
-                                    processor=model.processor, transformer=denoiser)
