@@ -282,3 +282,23 @@ def test_the_file_is_the_qwen_image_comfyui_form_with_nothing_left_over(trained,
     assert len(keys) == 3 * len(modules)
     assert all(m in names for m in modules), sorted(m for m in modules if m not in names)[:5]
     assert meta["ss_base_model_version"] == "qwen_image"
+
+
+def test_pairs_keep_text_encoder_outputs_out_of_the_caption_cache(tmp_path):
+    """The text conditioning of a pair depends on its control, which a cache keyed by caption
+    cannot tell: with pairs, the dataset refuses to cache text-encoder outputs, and says why."""
+    from trainer.config import TrainConfig
+    from trainer.data import prepare_dataset
+
+    train = pairs(tmp_path / "data", names=("a",), sizes=((64, 64),))
+    cfg = TrainConfig(model={"pretrained_model_name_or_path": TWIN},
+                      dataset={"train_data_dir": str(train), "resolution": 64,
+                               "min_bucket_reso": 64, "control_dir": "control"})
+    data = prepare_dataset(cfg, lambda _: None, data_home=tmp_path)
+    assert "Qwen-Image's text encoder reads each training image's control" in \
+        data.text_cache_blocker
+    with pytest.raises(ValueError, match="cannot be cached: .*reads each training image"):
+        data.cache_text(lambda captions: None)
+    plain = prepare_dataset(cfg.model_copy(update={"dataset": cfg.dataset.model_copy(
+        update={"control_dir": None})}), lambda _: None, data_home=tmp_path)
+    assert plain.text_cache_blocker is None
