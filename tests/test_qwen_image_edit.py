@@ -302,3 +302,33 @@ def test_pairs_keep_text_encoder_outputs_out_of_the_caption_cache(tmp_path):
     plain = prepare_dataset(cfg.model_copy(update={"dataset": cfg.dataset.model_copy(
         update={"control_dir": None})}), lambda _: None, data_home=tmp_path)
     assert plain.text_cache_blocker is None
+
+
+def test_plus_trains_on_two_controls_through_the_loop(tmp_path, tmp_path_factory):
+    """2509 with two references a target (``a_0.png``, ``a_1.png``): each step's text and
+    denoiser call read both."""
+    from control_helpers import inverted, noise
+
+    plus = plus_model(tmp_path_factory)
+    train = tmp_path / "data" / "train"
+    noise(train / "1_edit" / "a.png", (64, 64), 0)
+    (train / "1_edit" / "a.txt").write_text("swap them")
+    for i in range(2):
+        inverted(train / "1_edit" / "a.png", train / "control" / f"a_{i}.png")
+    cfg = small_config(tmp_path, train, model={"pretrained_model_name_or_path": plus.source},
+                       dataset={"control_dir": "control"}, training={"max_train_steps": 1})
+    kind, seen = type(family("qwen_image")), []
+    real = kind.predict
+
+    def predict_(self, model, noisy, t, text, size_ids, cfg=None, denoiser=None, controls=None):
+        seen.append((model.variant, len(controls or ()), text.hidden.shape[1]))
+        return real(self, model, noisy, t, text, size_ids, cfg, denoiser, controls)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(kind, "predict", predict_)
+        result = run(cfg, ListSink())
+    assert result.status == "finished", result.error
+    with torch.no_grad():
+        one = family("qwen_image").encode(plus, ["swap them"], 0, controls=[pixels(0, 1, 64, 64)])
+    assert seen[0][:2] == ("edit-2509", 2)
+    assert seen[0][2] > one.hidden.shape[1]  # the second picture's tokens in the prompt
