@@ -242,8 +242,8 @@ def trained(tmp_path_factory):
 
 
 def test_the_loop_feeds_each_step_its_control(trained):
-    """One encode a step, each with the batch's control pixels (no caption-keyed text cache),
-    and the control's cached latents beside the target's in the denoiser call."""
+    """Each target's text encoded once (the cache keyed by its control), with its control's
+    pixels, and the control's cached latents beside the target's in the denoiser call."""
     _, _, (texts, preds) = trained
     assert texts == [1, 1]
     step = [((1, 16, 8, 8), (1, 16, 8, 8))]  # 64 px target and control: 8 x 8 latents
@@ -284,24 +284,77 @@ def test_the_file_is_the_qwen_image_comfyui_form_with_nothing_left_over(trained,
     assert meta["ss_base_model_version"] == "qwen_image"
 
 
-def test_pairs_keep_text_encoder_outputs_out_of_the_caption_cache(tmp_path):
-    """The text conditioning of a pair depends on its control, which a cache keyed by caption
-    cannot tell: with pairs, the dataset refuses to cache text-encoder outputs, and says why."""
+def pair_data(root, model_path: str = TWIN, **dataset):
+    """Two targets with the same caption and different controls, prepared for the twin."""
     from trainer.config import TrainConfig
     from trainer.data import prepare_dataset
 
-    train = pairs(tmp_path / "data", names=("a",), sizes=((64, 64),))
-    cfg = TrainConfig(model={"pretrained_model_name_or_path": TWIN},
+    train = pairs(root / "data", names=("a", "b"), sizes=((64, 64), (64, 64)))
+    (train / "3_edit" / "b.txt").write_text("make a inverted")  # a's caption
+    cfg = TrainConfig(model={"pretrained_model_name_or_path": model_path},
                       dataset={"train_data_dir": str(train), "resolution": 64,
-                               "min_bucket_reso": 64, "control_dir": "control"})
-    data = prepare_dataset(cfg, lambda _: None, data_home=tmp_path)
-    assert "Qwen-Image's text encoder reads each training image's control" in \
+                               "min_bucket_reso": 64, "control_dir": "control", **dataset})
+    return prepare_dataset(cfg, lambda _: None, data_home=root)
+
+
+def test_the_text_cache_keys_each_row_by_its_controls(model, tmp_path):
+    """The text conditioning of a pair depends on its control: the cache keys a row by its
+    caption and its control as rendered (flip included), each encoded with its control, so
+    two targets with one caption get their own outputs, each the encode with its control."""
+    data = pair_data(tmp_path, flip_aug=True)
+    assert data.text_cache_blocker is None
+    calls = []
+
+    def encode(captions, controls=None):
+        calls.append(len(controls or ()))
+        return family("qwen_image").encode(model, captions, 0, controls=controls)
+
+    with torch.no_grad():
+        assert data.cache_text(encode) == 4  # two targets, each unflipped and flipped
+    assert calls == [1, 1, 1, 1]
+    seen = []
+    for epoch in range(3):
+        for batch in data.epoch(epoch, 1, seed=0):
+            with torch.no_grad():
+                direct = family("qwen_image").encode(model, batch.captions, 0,
+                                                     controls=batch.control_pixels)
+            torch.testing.assert_close(batch.text.hidden, direct.hidden, rtol=0, atol=0)
+            seen.append(batch.text.hidden)
+    assert batch.captions == ["make a inverted"]
+    assert any((x - seen[0]).abs().max() > 1e-4 for x in seen[1:])
+
+
+def test_controls_that_change_each_step_keep_the_text_out_of_the_cache(tmp_path):
+    """A colour draw changes the control's pixels each step: its text outputs are not
+    cached, and the dataset says why (each step then encodes with its controls)."""
+    data = pair_data(tmp_path, color_aug=True, cache_latents=False)
+    assert "dataset.color_aug is on, and Qwen-Image's text encoder reads the control" in \
         data.text_cache_blocker
-    with pytest.raises(ValueError, match="cannot be cached: .*reads each training image"):
-        data.cache_text(lambda captions: None)
-    plain = prepare_dataset(cfg.model_copy(update={"dataset": cfg.dataset.model_copy(
-        update={"control_dir": None})}), lambda _: None, data_home=tmp_path)
-    assert plain.text_cache_blocker is None
+    with pytest.raises(ValueError, match="cannot be cached: .*color_aug"):
+        data.cache_text(lambda captions, controls=None: None)
+    assert pair_data(tmp_path / "plain").text_cache_blocker is None
+
+
+def test_without_the_cache_each_step_encodes_with_its_controls(tmp_path):
+    """dataset.cache_text_encoder_outputs = false, latents cached: the batches still carry
+    the control pixels the text encoder reads."""
+    train = pairs(tmp_path / "data", names=("a",), sizes=((64, 64),))
+    cfg = small_config(tmp_path, train, model={"pretrained_model_name_or_path": TWIN},
+                       dataset={"control_dir": "control", "cache_latents": True,
+                                "cache_text_encoder_outputs": False},
+                       training={"max_train_steps": 2})
+    kind, texts = type(family("qwen_image")), []
+    real = kind.encode
+
+    def encode(self, model, captions, clip_skip, controls=None):
+        texts.append(len(controls or ()))
+        return real(self, model, captions, clip_skip, controls)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(kind, "encode", encode)
+        result = run(cfg, ListSink())
+    assert result.status == "finished", result.error
+    assert texts == [1, 1]  # one target, two steps: encoded each step
 
 
 def test_plus_trains_on_two_controls_through_the_loop(tmp_path, tmp_path_factory):
