@@ -385,3 +385,33 @@ def test_plus_trains_on_two_controls_through_the_loop(tmp_path, tmp_path_factory
         one = family("qwen_image").encode(plus, ["swap them"], 0, controls=[pixels(0, 1, 64, 64)])
     assert seen[0][:2] == ("edit-2509", 2)
     assert seen[0][2] > one.hidden.shape[1]  # the second picture's tokens in the prompt
+
+
+@pytest.mark.parametrize("model_path, controls, refusal", [
+    (TWIN, 2, "Qwen-Image-Edit takes at most 1 control image(s) per training image, one has 2"),
+    ("embedded:tiny-qwen-image", 1, "Qwen-Image is not an edit model"),
+])
+def test_the_loaded_variant_refuses_controls_it_cannot_take(tmp_path, model_path, controls,
+                                                            refusal):
+    """The family (Qwen-Image) takes up to three controls; the loaded variant's own limit is
+    checked when the run starts, before any step."""
+    from control_helpers import inverted, noise
+
+    train = tmp_path / "data" / "train"
+    noise(train / "1_edit" / "a.png", (64, 64), 0)
+    for i in range(controls):
+        inverted(train / "1_edit" / "a.png", train / "control" / f"a_{i}.png")
+    cfg = small_config(tmp_path, train, model={"pretrained_model_name_or_path": model_path},
+                       dataset={"control_dir": "control"})
+    kind, encoded = type(family("qwen_image")), []
+    real = kind.encode
+
+    def encode(self, *args, **kw):
+        encoded.append(1)
+        return real(self, *args, **kw)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(kind, "encode", encode)
+        result = run(cfg, ListSink())
+    assert result.status == "failed" and refusal in result.error, result.error
+    assert encoded == []  # refused before the first caption is encoded

@@ -40,6 +40,7 @@ def fill_latent_cache(s: Any, out: Any) -> None:
     family = family_of(model)  # a family may encode its latents its own way
     if s.data.controls:  # edit training: checked again with the loaded model's family
         s.data.use_controls(s.data.controls, model.version)
+        check_variant_controls(s.data, family, model)
     if ds.cache_latents:
         start = time.time()
         # hashing the VAE's weights is only worth it for a cache that outlives the run
@@ -64,6 +65,20 @@ def fill_latent_cache(s: Any, out: Any) -> None:
                     f"{time.time() - start:.1f}s")
         if not s.cfg.sampling.sample_prompts and not later:
             model.vae.to("cpu")  # not needed on the device any more
+
+
+def check_variant_controls(data: Any, family: Any, model: Any) -> None:
+    """The loaded variant's own limits on the controls, where its family has some (one family
+    can hold a text-to-image model and its edit models: Qwen-Image and Qwen-Image-Edit)."""
+    from trainer.data.errors import DatasetError
+
+    check = getattr(family, "control_problems", None)
+    if check is None:
+        return
+    problems = check(model, [len(c.images) for c, e in zip(data.controls, data.entries)
+                             if c is not None and not e.is_reg])
+    if problems:
+        raise DatasetError(problems)
 
 
 def fill_text_cache(s: Any, out: Any, eager: bool = False) -> None:

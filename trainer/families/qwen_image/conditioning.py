@@ -78,6 +78,15 @@ class QwenImageFamily:
                 for h, m in zip(hidden, ids.attention_mask)]
         return TextConditioning.padded(rows)
 
+    def control_problems(self, model: Any, counts: list[int]) -> list[str]:
+        """What the loaded variant cannot train of the training images' control counts
+        (Edit: one; 2509, 2511: one to three; the others none), checked when the run starts."""
+        from trainer.families.qwen_image.edit import control_problem
+
+        label = model.description or model.variant
+        return list(dict.fromkeys(p for c in counts
+                                  if (p := control_problem(model.variant, label, c))))
+
     def encode_latents(self, vae: Any, pixels: torch.Tensor) -> torch.Tensor:
         """Pixels [B, 3, H, W] in [-1, 1] -> normalized latents [B, 16, H/8, W/8] (the mode)."""
         z = vae.encode(pixels.to(vae.device, vae.dtype).unsqueeze(2)).latent_dist.mode()[:, :, 0]

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -53,20 +53,27 @@ def is_edit(variant: str) -> bool:
     return MAX_CONTROLS.get(variant, 0) > 0
 
 
-def check_controls(variant: str, label: str, count: int) -> None:
-    """Refuse a number of controls the variant cannot take, naming the setting."""
+def control_problem(variant: str, label: str, count: int) -> Optional[str]:
+    """Why ``count`` controls a training image cannot train ``variant``; None if they can."""
     most = MAX_CONTROLS.get(variant, 0)
     if most == 0 and count:
-        raise ValueError(f"dataset.control_dir: {label} is not an edit model (it takes no "
-                         f"control images); load Qwen-Image-Edit, -2509 or -2511, or unset it")
+        return (f"dataset.control_dir: {label} is not an edit model (it takes no control "
+                f"images); load Qwen-Image-Edit, -2509 or -2511, or unset it")
     if most and not count:
-        raise ValueError(f"{label} edits an image: each training image needs its control "
-                         f"image (set dataset.control_dir to a folder of them, named like the "
-                         f"training images)")
+        return (f"{label} edits an image: each training image needs its control image (set "
+                f"dataset.control_dir to a folder of them, named like the training images)")
     if count > most:
-        raise ValueError(f"dataset.control_dir: {label} takes at most {most} control image(s) "
-                         f"per training image, the batch has {count}; remove the extra ones "
-                         f"(2509 and 2511 take up to 3)")
+        return (f"dataset.control_dir: {label} takes at most {most} control image(s) per "
+                f"training image, one has {count}; remove the extra ones (2509 and 2511 take "
+                f"up to 3)")
+    return None
+
+
+def check_controls(variant: str, label: str, count: int) -> None:
+    """Refuse a number of controls the variant cannot take, naming the setting."""
+    problem = control_problem(variant, label, count)
+    if problem:
+        raise ValueError(problem)
 
 
 def edit_processor(tokenizer: Any, image_processor: Any) -> Any:
