@@ -58,7 +58,9 @@ def control_problem(variant: str, label: str, count: int) -> Optional[str]:
     most = MAX_CONTROLS.get(variant, 0)
     if most == 0 and count:
         return (f"dataset.control_dir: {label} is not an edit model (it takes no control "
-                f"images); load Qwen-Image-Edit, -2509 or -2511, or unset it")
+                f"images); load Qwen-Image-Edit, -2509 or -2511, or unset it (an Edit or "
+                f"2509 single file reads as Qwen-Image: its keys are the base model's; use "
+                f"its diffusers folder)")
     if most and not count:
         return (f"{label} edits an image: each training image needs its control image (set "
                 f"dataset.control_dir to a folder of them, named like the training images)")

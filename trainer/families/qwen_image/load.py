@@ -2,8 +2,9 @@
 diffusers' own ``from_pretrained``), or the split files as ComfyUI users download them
 (:mod:`trainer.families.qwen_image.single_file`). Each function returns the fields of
 :class:`trainer.models.loader.BaseModel`. An edit variant's folder (Edit, 2509, 2511) loads with
-its processor (:mod:`trainer.families.qwen_image.edit`); its single files are refused for now
-(they hold no processor, and Edit and 2509 have the base model's keys)."""
+its processor (:mod:`trainer.families.qwen_image.edit`); a 2511 single file with the shipped
+processor (ComfyUI's files hold none); Edit and 2509 files have the base model's keys, so they
+load as Qwen-Image (ComfyUI tells them apart by the workflow, not the file)."""
 
 from __future__ import annotations
 
