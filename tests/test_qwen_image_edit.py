@@ -282,6 +282,8 @@ def test_the_file_is_the_qwen_image_comfyui_form_with_nothing_left_over(trained,
     assert len(keys) == 3 * len(modules)
     assert all(m in names for m in modules), sorted(m for m in modules if m not in names)[:5]
     assert meta["ss_base_model_version"] == "qwen_image"
+    # musubi-tuner's ARCH_QWEN_IMAGE_EDIT, in the case of the base model's "qwen-image/lora"
+    assert meta["modelspec.architecture"] == "qwen-image-edit/lora"
 
 
 def pair_data(root, model_path: str = TWIN, **dataset):

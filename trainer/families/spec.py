@@ -41,16 +41,16 @@ class ControlSpec:
     rendered with its target's resize, crop and flip (one bucket); a pixel count, each control
     is resized to about that area at its own aspect, sides on multiples of ``multiple``, as
     the family's pipeline sizes its references (flipped with its target, not cropped with it).
-    ``text``: the family's text encoder reads the controls too (Qwen-Image-Edit's Qwen2.5-VL):
-    a step encodes its captions with its controls' pixels (``encode(..., controls=...)``),
-    and text-encoder outputs, which a cache keys by caption alone, are not cached for pairs.
     Read generically by trainer/data/controls.py and the config rules."""
 
     max: int = 0
     required: int = 0
+    # the family's text encoder reads the controls too (Qwen-Image-Edit's Qwen2.5-VL): its
+    # encode takes their pixels (``encode(..., controls=...)``) and the text cache keys each
+    # row by its caption and its controls (trainer/data/control_batch.py)
+    text: bool = False
     area: Optional[int] = None
     multiple: int = 16
-    text: bool = False
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,18 @@ def is_edit(variant: str) -> bool:
     return MAX_CONTROLS.get(variant, 0) > 0
 
 
+# musubi-tuner's modelspec architectures of the edit models (utils/sai_model_spec.py: Edit,
+# Edit-Plus for 2509, Edit-2511), in the lower case of this studio's "qwen-image"
+ARCHITECTURES = {"edit": "qwen-image-edit", "edit-2509": "qwen-image-edit-plus",
+                 "edit-2511": "qwen-image-edit-2511"}
+
+
+def variant_metadata(variant: str) -> dict[str, str]:
+    """An edit model's LoRA metadata over the family's (``modelspec.architecture``)."""
+    arch = ARCHITECTURES.get(variant)
+    return {"modelspec.architecture": f"{arch}/lora"} if arch else {}
+
+
 def control_problem(variant: str, label: str, count: int) -> Optional[str]:
     """Why ``count`` controls a training image cannot train ``variant``; None if they can."""
     most = MAX_CONTROLS.get(variant, 0)
