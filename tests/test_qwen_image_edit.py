@@ -417,3 +417,29 @@ def test_the_loaded_variant_refuses_controls_it_cannot_take(tmp_path, model_path
         result = run(cfg, ListSink())
     assert result.status == "failed" and refusal in result.error, result.error
     assert encoded == []  # refused before the first caption is encoded
+
+
+def test_the_validation_loss_reads_the_held_out_images_controls(tmp_path):
+    """dataset.validation_split: the held-out pair is scored with its control, in the text
+    encoder and beside the target's tokens, as the training steps are."""
+    from trainer.events import Validation
+
+    train = pairs(tmp_path / "data", names=("a", "b", "c"), sizes=((64, 64),) * 3)
+    cfg = small_config(tmp_path, train, model={"pretrained_model_name_or_path": TWIN},
+                       dataset={"control_dir": "control", "validation_split": 0.34},
+                       training={"max_train_steps": 1})
+    kind, calls = type(family("qwen_image")), []
+    real = kind.predict
+
+    def predict_(self, model, noisy, t, text, size_ids, cfg=None, denoiser=None, controls=None):
+        calls.append(len(controls or ()))
+        return real(self, model, noisy, t, text, size_ids, cfg, denoiser, controls)
+
+    sink = ListSink()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(kind, "predict", predict_)
+        result = run(cfg, sink)
+    assert result.status == "finished", result.error
+    [scored] = sink.of(Validation)
+    assert scored.images == 1 and scored.loss > 0
+    assert calls and set(calls) == {1}  # every call, the training's and the validation's
