@@ -9,9 +9,10 @@
   (the pipeline resizes it once, to about 1024 x 1024); Plus resizes it to about 384 x 384
   (``CONDITION_IMAGE_SIZE``, sides on multiples of 32) for the text encoder alone. So the
   text conditioning of an edit pair depends on its controls, and the family's spec says so
-  (``ControlSpec.text``): the trainer then encodes each step's captions with that step's
-  control pixels and does not cache text-encoder outputs by caption (musubi-tuner caches them
-  per item, with the item's controls; a cache keyed by caption and control is future work).
+  (``ControlSpec.text``): the text cache keys each row by its caption and its controls as
+  rendered (trainer/data/control_batch.py; musubi-tuner caches per item with its control
+  images, resized to 384 x 384 for every variant, where this follows each pipeline), and
+  without a cache each step encodes its captions with its controls' pixels.
 - **The latents**: each control's VAE latents, packed into 2x2 patches like the target's and
   concatenated after the target's tokens, each with its own ``img_shapes`` entry; the output is
   cut back to the target's tokens, so the loss is on the target alone. 2511's transformer
