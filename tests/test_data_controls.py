@@ -209,13 +209,15 @@ def test_a_dataset_without_controls_batches_exactly_as_before(tmp_path, monkeypa
 
 
 def test_control_dir_is_refused_for_a_family_that_takes_no_controls():
-    assert edit_families() == ()  # none declares controls yet: every family refuses
-    for family in FAMILIES:
+    takers = edit_families()
+    assert "qwen_image" in takers  # Qwen-Image-Edit (trainer/families/qwen_image/edit.py)
+    for family in (f for f in FAMILIES if f not in takers):
         with pytest.raises(ValueError) as info:
             TrainConfig(model={"model_version": family}, dataset={"control_dir": "c"})
         message = str(info.value)
         assert f"dataset.control_dir is set but {label(family)} is not an edit model" in message
-        assert "none of the model families here takes control images yet" in message
+        assert f"edit training needs {label('qwen_image')}" in message
+    TrainConfig(model={"model_version": "qwen_image"}, dataset={"control_dir": "c"})
 
 
 def test_the_refusal_names_the_edit_families_of_the_registry(monkeypatch):
@@ -237,7 +239,7 @@ def test_controls_found_with_a_loaded_family_that_takes_none_are_refused(tmp_pat
 def test_the_control_setting_is_shown_for_edit_families_only():
     from kohya_gui.family_view import applies
 
-    assert not any(applies("dataset.control_dir", family) for family in FAMILIES)
+    assert [f for f in FAMILIES if applies("dataset.control_dir", f)] == list(edit_families())
     assert applies("dataset.control_dir", None)  # an unknown model shows every field
     assert applies("dataset.flip_aug", FAMILY)
 

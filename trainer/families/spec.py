@@ -45,6 +45,10 @@ class ControlSpec:
 
     max: int = 0
     required: int = 0
+    # the family's text encoder reads the controls too (Qwen-Image-Edit's Qwen2.5-VL): its
+    # encode takes their pixels (``encode(..., controls=...)``) and the text cache keys each
+    # row by its caption and its controls (trainer/data/control_batch.py)
+    text: bool = False
     area: Optional[int] = None
     multiple: int = 16
 
@@ -69,6 +73,8 @@ class FamilySpec:
     objective: Objective
     text_encoders: tuple[str, ...]
     embedded: Optional[str] = None
+    # more embedded tiny twins of the family's variants (``embedded:tiny-flux2-dev``,
+    # ``embedded:tiny-qwen-image-edit``), built by its tiny role into a folder named like the id
     more_twins: tuple[str, ...] = ()
     pipelines: tuple[str, ...] = ()
     variants: tuple[Variant, ...] = ()

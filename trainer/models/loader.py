@@ -55,6 +55,7 @@ class BaseModel:
     t5_max_length: int = 0  # tokens of T5 per caption (the flow families)
     prompt_options: Any = None  # SD families: long / weighted / unpadded captions (long_prompts)
     build_denoiser: Any = None  # (dtype) -> the denoiser, while that is None (text_first)
+    processor: Any = None  # an edit model's image processor for its text encoder (Qwen-Image-Edit)
 
     @property
     def unet(self) -> Any:

@@ -128,11 +128,13 @@ def save_run_lora(path: Any, tensors: dict[str, torch.Tensor], model: Any, cfg: 
                   base: dict[str, Any]) -> Any:
     """Write the run's LoRA file: ``tensors``, :func:`run_metadata`, the ``sshs_*`` hashes."""
     from trainer.export.hashes import add_hashes
+    from trainer.families.qwen_image.edit import variant_metadata
     from trainer.system.safe_write import save_safetensors_atomic
 
     if not tensors:
         raise ValueError(f"{path}: no LoRA tensors to save")
     meta = run_metadata(cfg, base)
+    meta.update(variant_metadata(getattr(model, "variant", "base")))  # an edit model's
     return save_safetensors_atomic(path, tensors, add_hashes(meta, tensors))
 
 
