@@ -24,7 +24,8 @@ class NetworkCore(Section):
     train_blocks: Literal["all", "single", "double"] = setting(
         "all", "FLUX.1 / FLUX.2 / Chroma: the transformer blocks that get LoRA: all, only the "
         "single-stream or only the double-stream blocks (sd-scripts' network_args "
-        "train_blocks).", modes=("lora",), advanced=True, families=("flux1", "flux2", "chroma"),
+        "train_blocks).", modes=("lora",), advanced=True,
+        families=("flux1", "flux1_kontext", "flux2", "chroma"),
         label="Blocks (FLUX.1 / FLUX.2 / Chroma)")
     train_t5xxl: bool = setting(
         False, "FLUX.1 / SD 3.5: also train a LoRA on T5-XXL (with the text-encoder learning "

@@ -95,7 +95,8 @@ def load_flow_folder(path: Path, section: Any, family: str) -> dict[str, Any]:
 def load_flow_file(path: Path, section: Any, dtype: Any = None, t5_frozen: bool = False,
                    defer_denoiser: bool = False, store: bool = True) -> dict[str, Any]:
     """The BaseModel fields of a FLUX.1 / SD 3.x single file and the component files that
-    ``model.ae`` / ``clip_l`` / ``clip_g`` / ``t5xxl`` name (trainer/families/common/mmdit_single_file.py);
+    ``model.ae`` / ``clip_l`` / ``clip_g`` / ``t5xxl`` name
+    (trainer/families/common/mmdit_single_file.py);
     built in ``dtype`` (the run's compute dtype: a 12B FLUX.1 in fp32 is 48 GB), but for the
     weights that fp8 storage keeps, which load into fp8: the transformer's with
     ``model.base_precision = "fp8"``, T5's with ``model.fp8_text_encoders`` when the run does

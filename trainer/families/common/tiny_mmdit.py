@@ -156,8 +156,9 @@ def build_sd3_components(seed: int = TINY_SEED) -> dict:
 def save_tiny_flow_model(path: str | Path, seed: int = TINY_SEED, *,
                          family: str = "flux") -> Path:
     """Write the tiny FLUX.1 (``family="flux"``), FLUX.1 Kontext (``"flux-kontext"``: FLUX.1's
-    components in ``FluxKontextPipeline``'s folder) or SD 3.5 (``"sd3"``) as a diffusers folder,
-    with ``embedded.json`` naming the builder, as :func:`trainer.families.sd.tiny.save_tiny_model`."""
+    components in ``FluxKontextPipeline``'s folder) or SD 3.5 (``"sd3"``) as a diffusers
+    folder, with ``embedded.json`` naming the builder, as
+    :func:`trainer.families.sd.tiny.save_tiny_model`."""
     import diffusers
 
     if family not in TINY_FLOW_BUILDERS:

@@ -1,9 +1,10 @@
 """FLUX.1 from a diffusers folder (``FluxPipeline``; ``FluxKontextPipeline``: FLUX.1 Kontext)
 or a single file's header: the transformer in Black Forest Labs' layout (``double_blocks.*``),
-bare or under ``model.diffusion_model.``, alone or with its parts (:mod:`trainer.families.common.mmdit_detect`
-reads both MMDiT layouts). A Kontext file has FLUX.1-dev's keys, shapes and no metadata of its
-own (ComfyUI too loads it as FLUX.1 and adds the reference in its conditioning), so a file
-reads as FLUX.1 and ``model.model_version = "flux1_kontext"`` names Kontext. Torch-free."""
+bare or under ``model.diffusion_model.``, alone or with its parts
+(:mod:`trainer.families.common.mmdit_detect` reads both MMDiT layouts). A Kontext file has
+FLUX.1-dev's keys, shapes and no metadata of its own (ComfyUI too loads it as FLUX.1 and adds
+the reference in its conditioning), so a file reads as FLUX.1 and ``model.model_version =
+"flux1_kontext"`` names Kontext. Torch-free."""
 
 from __future__ import annotations
 
