@@ -17,10 +17,11 @@ from diffusers import FluxKontextPipeline, FluxTransformer2DModel
 from flow_helpers import scale_diffusers_flux_split
 from safetensors import safe_open
 from safetensors.torch import load_file
+from test_flow_train import single_file_model
 from test_lycoris_flow import comfy_clip_map, comfy_t5_map
 from train_helpers import small_config
 
-from trainer.events import ListSink
+from trainer.events import ListSink, Log
 from trainer.families import family
 from trainer.families.common.mmdit_checkpoint import flux_tensors
 from trainer.methods.lora import LoraMethod
@@ -36,8 +37,8 @@ def kontext_config(tmp_path, mode: str = "lora", **sections):
     train = pairs(tmp_path / "data", names=("a", "b"), sizes=((64, 64), (64, 80)))
     dataset = {"control_dir": "control", "bucket_reso_steps": 16,
                **sections.pop("dataset", {})}
-    return small_config(tmp_path, train, mode, model={"pretrained_model_name_or_path": MODEL},
-                        dataset=dataset, **sections)
+    model = {"pretrained_model_name_or_path": MODEL, **sections.pop("model", {})}
+    return small_config(tmp_path, train, mode, model=model, dataset=dataset, **sections)
 
 
 def fixed_inputs(transformer):
@@ -141,3 +142,41 @@ def test_dreambooth_writes_the_bfl_single_file_and_a_kontext_folder(tmp_path, mo
     torch.testing.assert_close(predict(single, cfg), trained, atol=1e-5, rtol=1e-5)
     with safe_open(result.output_path, "pt") as f:
         assert "double_blocks.0.img_attn.qkv.weight" in f.keys()
+
+
+def test_a_bfl_single_file_trains_as_kontext_when_model_version_says_so(tmp_path):
+    """A Kontext file has FLUX.1-dev's keys (the tiny twins share their weights): read as
+    FLUX.1, its controls are refused naming the setting; with model.model_version =
+    'flux1_kontext' it trains on the pairs from the file and its part files."""
+    model = single_file_model(tmp_path, "flux1")
+    cfg = kontext_config(tmp_path, model=model, training={"max_train_steps": 2})
+    result = run(cfg, ListSink())
+    assert result.status == "failed" and result.step == 0
+    assert "dataset.control_dir is set but FLUX.1 is not an edit model" in result.error
+    assert "FLUX.1 Kontext (model.model_version = 'flux1_kontext')" in result.error
+    cfg = kontext_config(tmp_path / "again", model={**model, "model_version": "flux1_kontext"},
+                         training={"max_train_steps": 2})
+    sink = ListSink()
+    result = run(cfg, sink)
+    assert result.status == "finished", result.error
+    assert any("FLUX.1 Kontext, by model.model_version (FLUX.1-dev" in log.message
+               for log in sink.of(Log))
+    with safe_open(result.output_path, "pt") as f:
+        assert f.metadata()["modelspec.architecture"] == "flux-1-kontext-dev/lora"
+
+
+def test_kontext_refuses_a_schnell_file(tmp_path):
+    from safetensors.torch import save_file
+
+    from trainer.config import ModelSection
+    from trainer.families.common.tiny_mmdit import build_flux_components
+    from trainer.families.spec import ModelLoadError
+    from trainer.models.loader import load_base_model
+
+    schnell = build_flux_components(guidance_embeds=False)["transformer"]
+    path = tmp_path / "flux1-schnell.safetensors"
+    save_file({k: v.contiguous() for k, v in flux_tensors(schnell).items()}, str(path))
+    with pytest.raises(ModelLoadError, match="model.model_version = 'flux1_kontext', but the "
+                                             "file is FLUX.1-schnell"):
+        load_base_model(ModelSection(pretrained_model_name_or_path=str(path),
+                                     model_version="flux1_kontext"))
