@@ -139,3 +139,57 @@ def test_the_loss_is_taken_on_the_targets_tokens_only(pipe, monkeypatch):
     base = loss_with(zero)
     assert loss_with(on_reference) == base
     assert loss_with(on_target) > base + 1.0
+
+
+@pytest.mark.parametrize("size", [(64, 64), (64, 80), (300, 100), (100, 300), (97, 61)])
+def test_a_reference_is_sized_as_the_kontext_pipeline_sizes_it(size):
+    """The size a reference trains at is the pipeline's: the preferred resolution nearest its
+    aspect (diffusers' own table and rule), sides on multiples of 16."""
+    from diffusers.pipelines.flux.pipeline_flux_kontext import PREFERRED_KONTEXT_RESOLUTIONS
+
+    from trainer.data.control_sizing import ControlSizing, own_size
+
+    aspect = size[0] / size[1]
+    _, w, h = min((abs(aspect - w / h), w, h) for w, h in PREFERRED_KONTEXT_RESOLUTIONS)
+    sizing = ControlSizing.of_family(spec("flux1_kontext").controls)
+    assert own_size(size, sizing) == (w // 16 * 16, h // 16 * 16)
+
+
+def test_dataset_control_resolution_sizes_the_references_of_a_folder_dataset(tmp_path):
+    """dataset.control_resolution: about that side squared at the reference's aspect."""
+    from control_helpers import pairs
+
+    from trainer.data import prepare_dataset
+
+    train = pairs(tmp_path, names=("a", "b"), sizes=((64, 64), (64, 128)))
+
+    def control_sizes(**dataset) -> set:
+        cfg = TrainConfig(model={"pretrained_model_name_or_path": MODEL},
+                          dataset={"train_data_dir": str(train), "resolution": 64,
+                                   "bucket_reso_steps": 16, "min_bucket_reso": 64,
+                                   "control_dir": "control", "cache_latents": False,
+                                   **dataset})
+        data = prepare_dataset(cfg, lambda _: None, data_home=tmp_path)
+        return {tuple(b.control_pixels[0].shape[-2:]) for b in data.epoch(0, 1, seed=1)}
+
+    assert control_sizes() == {(1024, 1024), (1456, 720)}  # (h, w): the pipeline's sizes
+    assert control_sizes(control_resolution=64) == {(64, 64), (80, 32)}
+    with pytest.raises(ValueError, match="dataset.control_resolution is set but FLUX.1 is not"):
+        TrainConfig(model={"model_version": "flux1"}, dataset={"control_resolution": 64})
+
+
+def test_a_sample_prompt_names_its_references_as_musubi_tuner_does(tmp_path):
+    """``--ci`` once per reference in a prompt line; ``control_image_path`` (a path or a list)
+    in a prompt file's entries."""
+    from trainer.run.sample_prompts import parse_line, read_prompt_file
+
+    line = parse_line("make it red --ci a.png --d 3 --ci sub/b 1.png --w 512")
+    assert line.prompt == "make it red" and (line.seed, line.width) == (3, 512)
+    assert line.control_images == ("a.png", "sub/b 1.png")
+    assert parse_line("plain --d 1").control_images == ()
+    path = tmp_path / "prompts.json"
+    path.write_text(json.dumps([{"prompt": "one", "control_image_path": "x.png"},
+                                {"prompt": "two", "control_image_path": ["y.png", "z.png"]},
+                                "three --ci w.png"]))
+    assert [p.control_images for p in read_prompt_file(path)] == [
+        ("x.png",), ("y.png", "z.png"), ("w.png",)]

@@ -180,3 +180,40 @@ def test_kontext_refuses_a_schnell_file(tmp_path):
                                              "file is FLUX.1-schnell"):
         load_base_model(ModelSection(pretrained_model_name_or_path=str(path),
                                      model_version="flux1_kontext"))
+
+
+def test_the_tiny_kontext_preset_trains_on_the_sample_pairs_and_samples_with_a_reference(
+        tmp_path, monkeypatch):
+    """presets/lora/tiny-flux-kontext.toml: the embedded sample dataset's controls are found
+    (each step reads a reference), and a sample prompt's ``--ci`` reference reaches the
+    pipeline (the same prompt and seed without it gives another image)."""
+    from PIL import Image
+
+    from trainer.config.files import from_dict, load, to_dict
+    from trainer.config.paths import PROJECT_ROOT
+    from trainer.data.sample import SAMPLE_CONTROLS, sample_control_files
+    from trainer.events import Sample
+    from trainer.config.paths import data_home
+
+    control = data_home() / "embedded" / SAMPLE_CONTROLS / sorted(sample_control_files())[0]
+    prompt = "a red circle, blue background --d 3 --s 2"
+    raw = to_dict(load(PROJECT_ROOT / "presets" / "lora" / "tiny-flux-kontext.toml",
+                       [f"saving.output_dir={tmp_path}", "training.log_with=none",
+                        "training.max_train_steps=2", "sampling.sample_every_n_steps=2"]))
+    raw["sampling"]["sample_prompts"] = [f"{prompt} --ci {control}", prompt]
+    steps = []
+    real_predict = type(family("flux1_kontext")).predict
+
+    def seen(self, model, noisy, t, text, size_ids, cfg=None, denoiser=None, controls=None):
+        if model.denoiser.training:
+            steps.append(len(controls or []))
+        return real_predict(self, model, noisy, t, text, size_ids, cfg, denoiser, controls)
+
+    monkeypatch.setattr(type(family("flux1_kontext")), "predict", seen)
+    sink = ListSink()
+    result = run(from_dict(raw), sink)
+    assert result.status == "finished", result.error
+    assert steps == [1, 1]
+    [sample] = sink.of(Sample)
+    with_ref, without = (Image.open(p).convert("RGB") for p in sample.paths)
+    assert with_ref.tobytes() != without.tobytes()

@@ -24,11 +24,14 @@ from .sampler import group_by_bucket
 Geometry = tuple[Size, Box]
 
 
-def sizings(controls: list[Optional[ControlSet]], entries: list[Any], family_controls: Any
-            ) -> list[ControlSizing]:
-    """Each entry's control sizing: the family's, or its dataset TOML subset's
-    (``control_resolution``, ``no_resize_control``)."""
+def sizings(controls: list[Optional[ControlSet]], entries: list[Any], family_controls: Any,
+            resolution: Optional[int] = None) -> list[ControlSizing]:
+    """Each entry's control sizing: the family's (or ``dataset.control_resolution``'s area,
+    ``resolution``), or its dataset TOML subset's (``control_resolution``,
+    ``no_resize_control``)."""
     base = ControlSizing.of_family(family_controls)
+    if resolution is not None:
+        base = base.with_toml(resolution, False)
     out = []
     for entry in entries:
         opts = entry.folder.options
@@ -86,6 +89,7 @@ class WithControls:
     buckets: list[Size]
     counts: list[int]
     controls: Optional[list[Optional[ControlSet]]]
+    control_resolution: Optional[int] = None  # dataset.control_resolution
     held_out_controls: Optional[list[Optional[ControlSet]]] = None  # for the validation images
     _sizings: list[ControlSizing]
     _latents: Any
@@ -109,7 +113,8 @@ class WithControls:
                 raise DatasetError(problems)
         self.controls = controls
         self._sizings = sizings(controls, self.entries,
-                                spec(family).controls if family else None)
+                                spec(family).controls if family else None,
+                                self.control_resolution)
         keys = [group_key(b, c, z, self._geometry(i, None)) for i, (b, c, z)
                 in enumerate(zip(self.buckets, controls, self._sizings))]
         self._groups = group_by_bucket(self.counts, keys)

@@ -78,6 +78,7 @@ class TrainingData(WithControls):
         self.random_crop = ds.random_crop
         self.flip_aug = ds.flip_aug
         self.color_aug = ds.color_aug  # sd-scripts' colour augmentation (trainer/data/color_aug)
+        self.control_resolution = ds.control_resolution  # edit training's control sizing
         self.prior_loss_weight = cfg.training.prior_loss_weight
         self.text_cache_blocker = text_cache_blocker(cfg)
         self.templates = templates_for(cfg)  # textual inversion's built-in captions
