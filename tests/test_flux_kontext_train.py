@@ -190,10 +190,9 @@ def test_the_tiny_kontext_preset_trains_on_the_sample_pairs_and_samples_with_a_r
     from PIL import Image
 
     from trainer.config.files import from_dict, load, to_dict
-    from trainer.config.paths import PROJECT_ROOT
+    from trainer.config.paths import PROJECT_ROOT, data_home
     from trainer.data.sample import SAMPLE_CONTROLS, sample_control_files
     from trainer.events import Sample
-    from trainer.config.paths import data_home
 
     control = data_home() / "embedded" / SAMPLE_CONTROLS / sorted(sample_control_files())[0]
     prompt = "a red circle, blue background --d 3 --s 2"
