@@ -7,6 +7,10 @@ as its timestep, and, for the guidance-distilled dev, the guidance value
 ``(latents - shift_factor) * scaling_factor`` from its 16-channel VAE
 (:func:`trainer.run.step.encode_images` applies the VAE config's shift).
 
+FLUX.1 Kontext (:class:`KontextFamily`) reads the latents of a reference image after the
+target's, packed alike, with position ids whose first coordinate is 1, and its output is cut back
+to the target's tokens (diffusers' ``FluxKontextPipeline``): the loss sees the target alone.
+
 The family object has the methods of :class:`trainer.families.sd.conditioning.SD1Family`, so
 the step, the text cache, the validation loss and the samples ask it instead of branching.
 """
