@@ -172,8 +172,11 @@ def test_the_shipped_laws_are_current(tmp_path, nothing_shipped):
     from trainer.advisor.model_configs import built_configs
 
     index = json.loads((shipped.FOLDER / "index.json").read_text(encoding="utf-8"))
-    assert index["code"] == shipped.code_stamp(), "python -m trainer.advisor.make_shipped"
-    assert set(index["models"].values()) == {shipped.file_name(m) for m in shipped.MODELS}
+    made = {e["file"]: e["code"] for e in index["models"].values()}
+    assert set(made) == {shipped.file_name(m) for m in shipped.MODELS}
+    for model in shipped.MODELS:
+        assert made[shipped.file_name(model)] == shipped.code_stamp(model), \
+            f"python -m trainer.advisor.make_shipped --only {model}"
     for model in ("embedded:tiny-sd15", "embedded:tiny-sdxl"):
         assert shipped.embedded_configs(model) is not None
         assert footprint.embedded_configs(model).key == built_configs(model).key
@@ -188,6 +191,26 @@ def test_the_shipped_laws_are_current(tmp_path, nothing_shipped):
     shipped._LOADED.pop("index")  # now read what ships
     for key, value in made.items():
         assert shipped.lookup(configs.key, key) == json.loads(json.dumps(value))
+
+
+def test_a_law_made_by_other_code_is_refused(monkeypatch):
+    """Each model's laws hold while the advisor's code and its own family's memory role are
+    those that made them: a change to FLUX.2's role refuses FLUX.2's laws only, a change to
+    the advisor's simulation every model's."""
+    real = shipped._code
+
+    def changed(where):
+        return lambda path: real(path) + ("\nchanged" if where(path) else "")
+    monkeypatch.setattr(shipped, "_LOADED", {})
+    served = set(shipped._index().values())
+    assert served == {shipped.file_name(m) for m in shipped.MODELS}
+    monkeypatch.setattr(shipped, "_code", changed(lambda p: p.parent.name == "flux2"))
+    monkeypatch.setattr(shipped, "_LOADED", {})
+    flux2 = {shipped.file_name(m) for m in shipped.MODELS if "flux2" in m}
+    assert len(flux2) == 4 and set(shipped._index().values()) == served - flux2
+    monkeypatch.setattr(shipped, "_code", changed(lambda p: p.name == "flow_memory.py"))
+    monkeypatch.setattr(shipped, "_LOADED", {})
+    assert shipped._index() == {}
 
 
 FIRST_ANSWER = """
@@ -206,9 +229,10 @@ print(sorted(m for m in ("diffusers", "transformers", "peft", "accelerate") if m
 
 
 def test_a_first_estimate_for_the_families_simulates_nothing(tmp_path):
-    """SD 1.5-size DreamBooth at 512 px, SDXL-size LoRA at 1024 px, FLUX.1-dev and SD 3.5 at
-    1024 px and the GUI's default (the tiny model), with advice for a 16 GB card, in a new
-    process with an empty cache: no simulation, so none of the model libraries is imported."""
+    """SD 1.5-size DreamBooth at 512 px, SDXL-size LoRA at 1024 px, FLUX.1-dev, SD 3.5 and
+    FLUX.2 [klein] 9B at 1024 px and the GUI's default (the tiny model), with advice for a 16
+    GB card, in a new process with an empty cache: no simulation, so none of the model
+    libraries is imported."""
     def model(name: str) -> str:
         return f"model.pretrained_model_name_or_path={json.dumps(str(FAMILIES / name))}"
     cases = [
@@ -217,6 +241,7 @@ def test_a_first_estimate_for_the_families_simulates_nothing(tmp_path):
         ("presets/lora/default.toml", [model("sdxl"), "dataset.resolution=1024"]),
         ("presets/lora/flux1-dev-16gb.toml", [model("flux1-dev")]),
         ("presets/lora/sd35-large-16gb.toml", [model("sd35-large")]),
+        ("presets/lora/flux2-klein-9b-16gb.toml", [model("flux2-klein-9b")]),
         ("presets/lora/default.toml", []),
     ]
     code = FIRST_ANSWER.format(cases=repr(cases))

@@ -210,6 +210,7 @@ def test_a_dataset_without_controls_batches_exactly_as_before(tmp_path, monkeypa
 
 def test_control_dir_is_refused_for_a_family_that_takes_no_controls():
     takers = edit_families()
+    assert {"qwen_image", "flux1_kontext"} <= set(takers)  # Qwen-Image-Edit, FLUX.1 Kontext
     assert takers == tuple(n for n, s in FAMILIES.items() if s.controls.max > 0)
     for family in FAMILIES:
         if family in takers:

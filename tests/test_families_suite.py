@@ -2,9 +2,11 @@
 loads back through the studio's own readers, and a stopped run resumes exactly.
 
 It is parametrized over the registry (:data:`trainer.families.FAMILIES`), so a new family's
-folder is tested here without a line of its own. Only the families with an embedded tiny twin
-(``FamilySpec.embedded``) take part: SD 2.x has none (it shares SD 1.x's folder and roles, and
-tests/test_families_train.py builds a tiny SD 2.x of its own). For each family, on the CPU, at
+folder is tested here without a line of its own: each tiny twin of each family
+(``FamilySpec.twins``: ``embedded`` and the twins of other variants, such as FLUX.2 [dev]'s
+``embedded:tiny-flux2-dev``). Only the families with an embedded tiny twin take part: SD 2.x
+has none (it shares SD 1.x's folder and roles, and tests/test_families_train.py builds a tiny
+SD 2.x of its own). For each family, on the CPU, at
 64 px on two images (so that step 1 of 2 stops mid-epoch):
 
 - **LoRA**, 2 steps: ``tools inspect`` reads the file as the family's LoRA; ``tools merge`` puts
@@ -42,7 +44,19 @@ from trainer.models.loader import load_base_model, resolve_model_path
 from trainer.run.loop import run
 
 pytestmark = pytest.mark.usefixtures("no_network")
-TWINS = [s for s in FAMILIES.values() if s.embedded]  # sd2 has no tiny twin
+class Twin:
+    """One tiny twin of a family: its spec's fields, ``embedded`` the twin's own id."""
+
+    def __init__(self, spec: Any, embedded: str):
+        self.spec, self.embedded = spec, embedded
+        tail = embedded.split(":", 1)[1].removeprefix("tiny-")
+        self.key = spec.name if embedded == spec.embedded else tail  # "flux2-dev"
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.spec, name)
+
+
+TWINS = [Twin(s, twin) for s in FAMILIES.values() for twin in s.twins]  # sd2 has none
 STEPS = 2
 METHODS = {"lora": LoraMethod, "dreambooth": DreamBoothMethod}
 
@@ -86,7 +100,7 @@ class Runs:
 
     def config(self, spec: Any, mode: str, out: str):
         network = {"train_text_encoder": True} if mode == "dreambooth" else {}
-        return small_config(self.root / spec.name / mode / out, self.data, mode=mode,
+        return small_config(self.root / spec.key / mode / out, self.data, mode=mode,
                             model={"pretrained_model_name_or_path": spec.embedded},
                             training={"max_train_steps": STEPS}, network=network,
                             saving={"save_state": True, "output_name": mode})
@@ -94,7 +108,7 @@ class Runs:
     def straight(self, spec: Any, mode: str) -> tuple[Any, list[float], dict]:
         """(result, step losses, what the final save saw: the LoRA layers' deltas or the
         trained modules' states)."""
-        key = (spec.name, mode, "straight")
+        key = (spec.key, mode, "straight")
         if key not in self.done:
             seen: dict[str, Any] = {}
             method = METHODS[mode]
@@ -119,7 +133,7 @@ class Runs:
 
     def resumed(self, spec: Any, mode: str) -> tuple[Any, list[float], list[int]]:
         """(result, the losses of both halves, the steps of the resumed half)."""
-        key = (spec.name, mode, "resumed")
+        key = (spec.key, mode, "resumed")
         if key not in self.done:
             cfg = self.config(spec, mode, "resumed")
             control = Control()
@@ -159,7 +173,7 @@ def load(path: Path, spec: Any, **settings: Any) -> Any:
     return model
 
 
-parametrized = pytest.mark.parametrize("spec", TWINS, ids=[s.name for s in TWINS])
+parametrized = pytest.mark.parametrize("spec", TWINS, ids=[t.key for t in TWINS])
 
 
 @parametrized

@@ -106,14 +106,3 @@ def test_klein_base_is_told_by_the_name_or_the_pipelines_is_distilled(tmp_path):
     assert folder_variant(Path("FLUX.2-klein-4B"), {"is_distilled": False}, config) \
         == "klein-base-9b"
     assert folder_variant(Path("FLUX.2-klein-4B"), {"is_distilled": True}, config) == "klein-9b"
-
-
-def test_the_advisor_says_it_has_no_flux2_estimate_yet():
-    """No crash: the advice names why it has no memory estimate (the family's memory role)."""
-    from trainer.advisor.estimate import advise
-    from trainer.config import TrainConfig
-
-    cfg = TrainConfig.model_validate({"model": {"pretrained_model_name_or_path":
-                                                "embedded:tiny-flux2"}})
-    advice = advise(cfg)
-    assert any("no memory estimate for FLUX.2 yet" in p for p in advice.problems)

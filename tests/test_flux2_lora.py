@@ -1,4 +1,5 @@
-"""FLUX.2's LoRA file as the ecosystem reads it, on the tiny klein twin.
+"""FLUX.2's LoRA file as the ecosystem reads it, on the tiny klein twin and the tiny dev twin
+(``Flux2Pipeline``, a guidance embedder, whose LoRA has klein's form).
 
 - **ComfyUI**: every module name is ``lora_unet_`` + a weight path of BFL's layout (the model
   ComfyUI builds, ``comfy/lora.py`` ``model_lora_keys_unet``) with dots as underscores; the
@@ -6,8 +7,8 @@
   into the transformer exactly (the original layout's reader, not our writer); each module's
   ``up @ down * alpha / rank`` (ComfyUI's ``weight_adapter/lora.py``) has that weight's shape
   and equals the trained layers' update, the fused q/k/v rows in BFL's order.
-- **diffusers**: ``Flux2KleinPipeline.load_lora_weights`` on the file gives the trained
-  transformer's output (1e-5).
+- **diffusers**: ``Flux2KleinPipeline.load_lora_weights`` (dev: ``Flux2Pipeline``'s) on the
+  file gives the trained transformer's output (1e-5).
 """
 
 from __future__ import annotations
@@ -27,8 +28,15 @@ pytestmark = pytest.mark.usefixtures("no_network")
 
 
 @pytest.fixture(scope="module")
-def model():
+def klein():
     return load_base_model(ModelSection(pretrained_model_name_or_path="embedded:tiny-flux2"))
+
+
+@pytest.fixture(scope="module", params=["klein", "dev"])
+def model(request, klein):
+    if request.param == "klein":
+        return klein
+    return load_base_model(ModelSection(pretrained_model_name_or_path="embedded:tiny-flux2-dev"))
 
 
 def adapted(model, train_blocks="all", rank=4, alpha=2.0):
@@ -116,7 +124,7 @@ def test_diffusers_load_lora_weights_gives_the_trained_output(model, tmp_path):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_an_extracted_lora_is_a_flux2_file_of_bfl_names(model, tmp_path):
+def test_an_extracted_lora_is_a_flux2_file_of_bfl_names(klein, tmp_path):
     """``tools extract`` of a tuned FLUX.2 (its BFL single file) against the twin's folder:
     the file is told FLUX.2 by its metadata and names BFL weights only."""
     from trainer.families.flux2.checkpoint import save_checkpoint
@@ -125,6 +133,7 @@ def test_an_extracted_lora_is_a_flux2_file_of_bfl_names(model, tmp_path):
     from trainer.tools.inspect import inspect
     from trainer.tools.options import ExtractOptions, InspectOptions
 
+    model = klein
     tuned = copy.deepcopy(model.denoiser)
     torch.manual_seed(2)
     with torch.no_grad():

@@ -1,7 +1,7 @@
 """Qwen-Image on its tiny twin, held to diffusers' ``QwenImagePipeline``: the conditioning is the
 pipeline's ``encode_prompt``, the denoiser call is the pipeline's transformer call at a fixed
 timestep, the latents are the pipeline's own normalization (the inverse of its decode), and the
-family is detected from its folder and named for its edit variants."""
+family is detected from its folder, its edit variants too."""
 
 from __future__ import annotations
 
@@ -168,26 +168,31 @@ def test_the_shipped_configs_are_the_published_sizes():
         parts["transformer"].config.joint_attention_dim
 
 
-@pytest.mark.parametrize("pipeline, zero_cond_t, label", [
-    ("QwenImageEditPipeline", False, "Qwen-Image-Edit"),
-    ("QwenImageEditPlusPipeline", False, "Qwen-Image-Edit-2509"),
-    ("QwenImageEditPlusPipeline", True, "Qwen-Image-Edit-2511"),
+@pytest.mark.parametrize("pipeline, zero_cond_t, variant", [
+    ("QwenImageEditPipeline", False, "edit"),
+    ("QwenImageEditPlusPipeline", False, "edit-2509"),
+    ("QwenImageEditPlusPipeline", True, "edit-2511"),
 ])
-def test_an_edit_folder_is_named_and_refused(tmp_path, pipeline, zero_cond_t, label):
+def test_an_edit_folder_loads_as_its_variant(tmp_path, pipeline, zero_cond_t, variant):
     """The edit pipelines' folders are Qwen-Image's family, told apart by the pipeline and
-    2511's ``zero_cond_t``; training them (control images) is refused with the reason."""
+    2511's ``zero_cond_t``, and load with their processor (tests/test_qwen_image_edit.py
+    trains them); an edit folder without its processor names the folder."""
     import json
     import shutil
 
     from trainer.families import ModelLoadError
 
     folder = tmp_path / "edit"
-    shutil.copytree(resolve_model_path(TWIN), folder)
+    shutil.copytree(resolve_model_path("embedded:tiny-qwen-image-edit"), folder)
     index = json.loads((folder / "model_index.json").read_text())
     (folder / "model_index.json").write_text(json.dumps(dict(index, _class_name=pipeline)))
     config = json.loads((folder / "transformer" / "config.json").read_text())
     (folder / "transformer" / "config.json").write_text(
         json.dumps(dict(config, zero_cond_t=zero_cond_t)))
     assert detect_path(folder).family == "qwen_image"
-    with pytest.raises(ModelLoadError, match=f"is {label}: training the Qwen-Image edit"):
+    loaded = load_base_model(ModelSection(pretrained_model_name_or_path=str(folder)))
+    assert loaded.variant == variant and loaded.processor is not None
+    assert loaded.denoiser.config.zero_cond_t == zero_cond_t
+    shutil.rmtree(folder / "processor")
+    with pytest.raises(ModelLoadError, match="cannot load the diffusers folder"):
         load_base_model(ModelSection(pretrained_model_name_or_path=str(folder)))

@@ -11,8 +11,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from diffusers import AutoencoderKLQwenImage, QwenImagePipeline
+from diffusers import AutoencoderKLQwenImage, QwenImageEditPlusPipeline, QwenImagePipeline
 from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
+from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit_plus import (
+    CONDITION_IMAGE_SIZE,
+    calculate_dimensions,
+)
 from safetensors import safe_open
 from safetensors.torch import save_file
 from train_helpers import one_image_dataset, small_config
@@ -195,12 +199,13 @@ def test_split_files_train_a_lora_text_first(split_files, tmp_path):
                                "(text_encoder") for line in lines), lines
 
 
-def test_edit_2511_is_named_from_its_marker_and_refused(split_files, tmp_path):
-    """ComfyUI's ``__index_timestep_zero__`` buffer names Qwen-Image-Edit-2511; its training
-    (control images) is refused with the reason, not mistaken for the base model."""
+def test_edit_2511_is_named_from_its_marker_and_loads_as_the_edit_model(split_files, tmp_path):
+    """ComfyUI's ``__index_timestep_zero__`` buffer names Qwen-Image-Edit-2511: its file loads
+    as the edit model (the zero-timestep reference tokens on, the marker no weight) with the
+    shipped processor, and its prompt with a control is QwenImageEditPlusPipeline's."""
     from safetensors.torch import load_file
 
-    from trainer.families import ModelLoadError
+    from trainer.families.qwen_image.edit import to_pil
 
     root, _ = split_files
     tensors = load_file(root / "qwen_image_bf16.safetensors")
@@ -211,9 +216,21 @@ def test_edit_2511_is_named_from_its_marker_and_refused(split_files, tmp_path):
     assert found.family == "qwen_image" and found.description.startswith("Qwen-Image-Edit-2511")
     section = split_section(root)
     section["pretrained_model_name_or_path"] = str(edit)
-    with pytest.raises(ModelLoadError, match="Qwen-Image-Edit-2511: training the Qwen-Image "
-                                             "edit and layered variants"):
-        load_base_model(ModelSection(**section))
+    model = load_base_model(ModelSection(**section))
+    assert model.variant == "edit-2511" and model.denoiser.config.zero_cond_t
+    assert model.processor.image_processor.size.longest_edge == 12845056  # Qwen2.5-VL, shipped
+    control = torch.randint(0, 256, (1, 3, 64, 64), generator=torch.Generator().manual_seed(1))
+    control = control.float() / 127.5 - 1
+    with torch.no_grad():
+        text = family("qwen_image").encode(model, ["a shape"], 0, controls=[control])
+        plus = QwenImageEditPlusPipeline(**{k: getattr(model, k) for k in (
+            "vae", "text_encoder", "tokenizer", "processor")}, transformer=model.denoiser,
+            scheduler=model.noise_scheduler)
+        image = to_pil(control[0])
+        w, h = calculate_dimensions(CONDITION_IMAGE_SIZE, image.size[0] / image.size[1])
+        embeds, _ = plus.encode_prompt(["a shape"], image=[plus.image_processor.resize(
+            image, h, w)], device="cpu")
+    torch.testing.assert_close(text.hidden, embeds, rtol=0, atol=0)
 
 
 def scaled_fp8(tensors: dict[str, torch.Tensor]) -> tuple[dict, dict]:

@@ -199,3 +199,49 @@ def test_tools_inspect_reads_our_and_musubis_files_as_zimage(trained, tmp_path):
         report = inspect(InspectOptions(path=str(path)))
         assert report.family == "zimage", (writer, report.family_reason)
         assert report.modules and report.network_type.startswith("LoRA")
+
+
+def test_train_blocks_with_refiners_trains_them_and_comfyui_maps_their_names():
+    """``network.train_blocks = "with_refiners"`` adds the noise and context refiners (as
+    diffusers' example trains them) to the main layers (the default, musubi-tuner's); the file
+    names them in ComfyUI's native form, every name mapped."""
+    transformer = build_zimage_components()["transformer"]
+    default = set(target_modules(transformer))
+    wider = set(target_modules(transformer, "with_refiners"))
+    config = dict(transformer.config)
+    refiners = {f"{b}.{i}.{m}" for b in ("noise_refiner", "context_refiner")
+                for i in range(config["n_refiner_layers"])
+                for m in ("attention.to_q", "attention.to_k", "attention.to_v",
+                          "attention.to_out.0", "feed_forward.w1", "feed_forward.w2",
+                          "feed_forward.w3")}
+    assert not default & refiners and wider == default | refiners
+    transformer.add_adapter(LoraConfig(r=RANK, lora_alpha=ALPHA, init_lora_weights="gaussian",
+                                       target_modules=sorted(wider)))
+    names = {k.rsplit(".lora_", 1)[0].removesuffix(".alpha")
+             for k in kohya_tensors(transformer, torch.float32)}
+    known = comfy_lora_key_map(transformer)
+    assert not sorted(n for n in names if n not in known)
+    assert {"lora_unet_noise_refiner_0_attention_qkv",
+            "lora_unet_context_refiner_0_feed_forward_w2"} <= names
+
+
+@pytest.mark.parametrize("family,blocks,ok", [("zimage", "with_refiners", True),
+                                              ("zimage", "single", False),
+                                              ("flux2", "with_refiners", False),
+                                              ("chroma", "double", True)])
+def test_train_blocks_values_are_the_familys(family, blocks, ok, tmp_path):
+    from train_helpers import one_image_dataset, small_config
+
+    from trainer.config.files import ConfigError
+
+    twin = {"zimage": "embedded:tiny-zimage", "flux2": "embedded:tiny-flux2",
+            "chroma": "embedded:tiny-chroma"}[family]
+    make = lambda: small_config(tmp_path, one_image_dataset(tmp_path / "data"),  # noqa: E731
+                                model={"pretrained_model_name_or_path": twin,
+                                       "model_version": family},
+                                network={"train_blocks": blocks})
+    if ok:
+        assert make().network.train_blocks == blocks
+    else:
+        with pytest.raises(ConfigError, match="network.train_blocks"):
+            make()

@@ -164,3 +164,182 @@ def tiny_tagger(folder: Path, size: int = 8, batch: int | str = "N") -> Path:
                                              for i, (name, cat, _, _) in enumerate(TAGGER_TAGS)]
     (folder / "selected_tags.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
     return folder
+
+
+# --- the peers' LoRA files of the newer flow families (tests/test_tools_peer_forms.py) ----------
+# The original layout (ComfyUI's native names for Z-Image, Black Forest Labs' for FLUX.2 and
+# Chroma, diffusers' own for Qwen-Image) as diffusers' layers: a fused layer's rows are its parts'
+# in this order (ComfyUI's ``z_image_to_diffusers``; diffusers' readers
+# ``convert_flux2_transformer_checkpoint_to_diffusers`` and
+# ``convert_chroma_transformer_checkpoint_to_diffusers``). Written here from those rules, not
+# taken from the trainer's tables.
+ZIMAGE_PARTS = {"attention.qkv": ("attention.to_q", "attention.to_k", "attention.to_v"),
+                "attention.out": ("attention.to_out.0",),
+                "feed_forward.w1": ("feed_forward.w1",), "feed_forward.w2": ("feed_forward.w2",),
+                "feed_forward.w3": ("feed_forward.w3",),
+                "adaLN_modulation.0": ("adaLN_modulation.0",)}
+BFL_DOUBLE = {"img_attn.qkv": ("attn.to_q", "attn.to_k", "attn.to_v"),
+              "img_attn.proj": ("attn.to_out.0",),
+              "txt_attn.qkv": ("attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"),
+              "txt_attn.proj": ("attn.to_add_out",)}
+FLUX2_DOUBLE = {**BFL_DOUBLE, "img_mlp.0": ("ff.linear_in",), "img_mlp.2": ("ff.linear_out",),
+                "txt_mlp.0": ("ff_context.linear_in",), "txt_mlp.2": ("ff_context.linear_out",)}
+FLUX2_SINGLE = {"linear1": ("attn.to_qkv_mlp_proj",), "linear2": ("attn.to_out",)}
+CHROMA_DOUBLE = {**BFL_DOUBLE, "img_mlp.0": ("ff.net.0.proj",), "img_mlp.2": ("ff.net.2",),
+                 "txt_mlp.0": ("ff_context.net.0.proj",), "txt_mlp.2": ("ff_context.net.2",)}
+CHROMA_SINGLE = {"linear1": ("attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp"),
+                 "linear2": ("proj_out",)}
+# family -> ((original block, diffusers block, parts), ...)
+FLOW_BLOCKS = {
+    "zimage": (("layers", "layers", ZIMAGE_PARTS),
+               ("noise_refiner", "noise_refiner", ZIMAGE_PARTS),
+               ("context_refiner", "context_refiner", ZIMAGE_PARTS)),
+    "flux2": (("double_blocks", "transformer_blocks", FLUX2_DOUBLE),
+              ("single_blocks", "single_transformer_blocks", FLUX2_SINGLE)),
+    "chroma": (("double_blocks", "transformer_blocks", CHROMA_DOUBLE),
+               ("single_blocks", "single_transformer_blocks", CHROMA_SINGLE)),
+}
+# the peers that train a fused layer of the original layout as one LoRA (musubi-tuner's FLUX.2,
+# sd-scripts' and ai-toolkit's BFL models): one lora_down for all its rows
+DENSE_FUSED = ("flux2", "chroma")
+
+
+def flow_units(family: str, transformer: torch.nn.Module) -> dict[str, tuple[str, ...]]:
+    """Original module path -> the diffusers layers it is, for every block layer the model has
+    (Qwen-Image: every Linear of ``transformer_blocks``, its original names being diffusers')."""
+    names = {n for n, m in transformer.named_modules() if isinstance(m, torch.nn.Linear)}
+    if family == "qwen_image":
+        return {n: (n,) for n in sorted(names) if n.startswith("transformer_blocks.")}
+    out = {}
+    for original, block, parts in FLOW_BLOCKS[family]:
+        n = 0
+        while any(p.startswith(f"{block}.{n}.") for p in names):
+            for part, modules in parts.items():
+                paths = tuple(f"{block}.{n}.{m}" for m in modules)
+                if all(p in names for p in paths):
+                    out[f"{original}.{n}.{part}"] = paths
+            n += 1
+    return out
+
+
+def _zimage_musubi(unit: str) -> bool:  # musubi-tuner: the main layers, not the modulations
+    return unit.startswith("layers.") and "adaLN" not in unit
+
+
+def _example_attention(unit: str) -> bool:  # the examples' to_q/to_k/to_v/to_out.0
+    return unit.endswith(("attention.qkv", "attention.out", "img_attn.qkv", "img_attn.proj",
+                          "attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "linear1",
+                          "linear2"))
+
+
+def _every(unit: str) -> bool:
+    return True
+
+
+# family -> form -> (how its file names a layer, which layers the peer trains); "ours" is the
+# family's own form: kohya names of the original layout, a fused layer block-diagonal, + alpha
+PEER_FORMS = {
+    "zimage": {"musubi": ("kohya_split", _zimage_musubi),
+               "ai-toolkit": ("peft_split:diffusion_model.", lambda u: u.startswith("layers.")),
+               "diffusers": ("peft_split:transformer.", _example_attention),
+               "ours": ("ours", _zimage_musubi)},
+    "qwen_image": {"musubi": ("kohya_split", _every),
+                   "ai-toolkit": ("peft_split:diffusion_model.", _every),
+                   "diffusers": ("peft_split:transformer.", _example_attention),
+                   "ours": ("ours", _every)},
+    "flux2": {"musubi": ("kohya_fused", _every), "ai-toolkit": ("peft_fused", _every),
+              "diffusers": ("peft_split:transformer.", _example_attention),
+              "ours": ("ours", _every)},
+    "chroma": {"sd-scripts": ("kohya_fused", _every), "ai-toolkit": ("peft_fused", _every),
+               "diffusers": ("peft_split:transformer.", _every), "ours": ("ours", _every)},
+}
+
+
+class PeerLora:
+    """One random LoRA (rank ``rank``, ``alpha``) over a flow model's block layers, written in
+    each peer's form with the same update of every diffusers layer."""
+
+    def __init__(self, family: str, transformer: torch.nn.Module, rank: int = 4,
+                 alpha: float = 2.0, seed: int = 5):
+        self.family, self.rank, self.alpha = family, rank, alpha
+        self.units = flow_units(family, transformer)
+        gen = torch.Generator().manual_seed(seed)
+        self.parts: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # path -> (down, up)
+        for paths in self.units.values():
+            layers = [transformer.get_submodule(p) for p in paths]
+            if family in DENSE_FUSED:  # one down, each part its rows of one up
+                down = torch.randn(rank, layers[0].in_features, generator=gen) * 0.3
+                up = torch.randn(sum(m.out_features for m in layers), rank, generator=gen) * 0.3
+                for path, rows in zip(paths, up.split([m.out_features for m in layers])):
+                    self.parts[path] = (down, rows)
+            else:
+                for path, m in zip(paths, layers):
+                    self.parts[path] = (torch.randn(rank, m.in_features, generator=gen) * 0.3,
+                                        torch.randn(m.out_features, rank, generator=gen) * 0.3)
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+    def chosen(self, form: str) -> dict[str, tuple[str, ...]]:
+        keep = PEER_FORMS[self.family][form][1]
+        return {u: p for u, p in self.units.items() if keep(u)}
+
+    def deltas(self, form: str) -> dict[str, torch.Tensor]:
+        """diffusers path -> the update the form's file adds to its weight."""
+        return {p: self.scale * self.parts[p][1] @ self.parts[p][0]
+                for paths in self.chosen(form).values() for p in paths}
+
+    def own_names(self, form: str) -> set[str]:
+        """The kohya names of the family's own form (what ComfyUI maps) of the form's layers."""
+        return {"lora_unet_" + u.replace(".", "_") for u in self.chosen(form)}
+
+    def tensors(self, form: str) -> dict[str, torch.Tensor]:
+        writer = PEER_FORMS[self.family][form][0]
+        out: dict[str, torch.Tensor] = {}
+        for unit, paths in self.chosen(form).items():
+            kohya = "lora_unet_" + unit.replace(".", "_")
+            downs = [self.parts[p][0] for p in paths]
+            ups = [self.parts[p][1] for p in paths]
+            if writer == "kohya_split":
+                for p, d, u in zip(paths, downs, ups):
+                    out.update(_kohya("lora_unet_" + p.replace(".", "_"), d, u, self.alpha))
+            elif writer.startswith("peft_split:"):
+                prefix = writer.split(":", 1)[1]
+                for p, d, u in zip(paths, downs, ups):
+                    out.update(_peft(prefix + p, d, u * self.scale))
+            elif writer == "kohya_fused":
+                out.update(_kohya(kohya, downs[0], torch.cat(ups), self.alpha))
+            elif writer == "peft_fused":
+                out.update(_peft("diffusion_model." + unit, downs[0], torch.cat(ups) * self.scale))
+            else:  # ours: the parts' down stacked, their up block-diagonal
+                out.update(_kohya(kohya, torch.cat(downs), torch.block_diag(*ups),
+                                  self.alpha * len(paths)))
+        return {k: v.clone().contiguous() for k, v in out.items()}
+
+    def save(self, form: str, path: Path, metadata: dict[str, str] | None = None) -> Path:
+        from safetensors.torch import save_file
+
+        save_file(self.tensors(form), str(path), metadata=metadata)
+        return path
+
+
+def _kohya(name: str, down, up, alpha: float) -> dict[str, torch.Tensor]:
+    return {f"{name}.lora_down.weight": down, f"{name}.lora_up.weight": up,
+            f"{name}.alpha": torch.tensor(float(alpha))}
+
+
+def _peft(name: str, down, up) -> dict[str, torch.Tensor]:
+    return {f"{name}.lora_A.weight": down, f"{name}.lora_B.weight": up}
+
+
+def file_modules(tensors: dict[str, torch.Tensor]) -> set[str]:
+    """The module names of a LoRA file's keys (kohya: before the first dot; peft: before
+    ``.lora_A`` / ``.lora_B``)."""
+    out = set()
+    for key in tensors:
+        if ".lora_A." in key or ".lora_B." in key:
+            out.add(key.rsplit(".lora_", 1)[0])
+        else:
+            out.add(key.split(".", 1)[0])
+    return out

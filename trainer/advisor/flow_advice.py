@@ -175,14 +175,7 @@ def flow_timing(config: dict, cfg: Any, info: Any, precision: str, size: tuple[i
 
 
 def flow_advise(advice: Advice, cfg: Any, info: Any, config: dict) -> None:
-    """Fill ``advice`` for a transformer family's config on ``info`` (a family whose memory
-    role says why the advisor cannot simulate it yet, ``NOT_ADVISED``: that reason)."""
-    from trainer.advisor.flow_memory import _memory
-
-    unadvised = getattr(_memory(config), "NOT_ADVISED", None)
-    if unadvised:
-        advice.problems.append(unadvised)
-        return
+    """Fill ``advice`` for a transformer family's config on ``info``."""
     side = advice.steps.largest_bucket
     tr, m = cfg.training, cfg.model
     current = FlowOption(m.base_precision, tr.blocks_to_swap, tr.train_batch_size,
@@ -197,7 +190,9 @@ def flow_advise(advice: Advice, cfg: Any, info: Any, config: dict) -> None:
         advice.timing = Timing(advice.timing.seconds_per_step,
                                advice.timing.seconds_per_step * advice.steps.total_steps,
                                advice.timing.tflop_per_step, advice.timing.basis)
-    _phases(advice, cfg, info, config, current, c)
+    parts = _phases(advice, cfg, info, config, current, c)
+    if info.backend != "cpu" and capacity is not None:
+        _text_phase(advice, cfg, info, parts, capacity, c)
     if capacity is None or advice.memory.fits:
         return
     found = cheapest_fit(config, cfg, side, capacity, tr.train_batch_size, info.backend, c)
@@ -223,8 +218,42 @@ def _text_width(config: dict, family: str) -> int:
     return own(config) if own is not None else config["joint_attention_dim"]
 
 
+def _text_phase(advice: Advice, cfg: Any, info: Any, parts: dict, capacity: int,
+                c: int) -> None:
+    """A GPU's other peak: the captions are encoded first, the text encoders alone on the
+    device, and they leave it before the first step; the device's peak is the larger of that
+    phase and the step. Where the encoders do not fit: fp8 storage where it makes them fit
+    (``model.fp8_text_encoders``), else a problem with the bytes the phase needs."""
+    from trainer.advisor import host_memory as hm
+
+    phase = next((p for p in advice.phases if p.name == "text cache"), None)
+    if phase is None or phase.device is None or phase.device <= capacity * FITS_BELOW:
+        return
+    on_device = RUNTIME.get(info.backend, RUNTIME["cuda"])
+    text = [p for p in parts if p != "vae"]
+    fp8 = hm.fp8_stored(text)
+    largest = max((parts[p].largest for p in fp8), default=0)
+    in_fp8 = on_device + sum(parts[p].held(c, p in fp8) for p in text) + largest * c
+    names = ", ".join(text)
+    if not cfg.model.fp8_text_encoders and in_fp8 <= capacity * FITS_BELOW:
+        advice.recommendations.insert(0, Recommendation(
+            f"{capacity / GIB:.0f} GB: fp8 text encoder",
+            f"encoding the captions holds the text encoder ({names}) on the device: about "
+            f"{phase.device / GIB:.1f} GiB, more than this card; in fp8 about "
+            f"{in_fp8 / GIB:.1f} GiB", {"model.fp8_text_encoders": True},
+            saves=phase.device - in_fp8))
+        return
+    least = min(phase.device, in_fp8)
+    advice.problems.append(
+        f"does not fit on the device while the captions are encoded: the text encoder "
+        f"({names}) needs about {least / GIB:.1f} GiB"
+        + (" even in fp8" if least == in_fp8 else "")
+        + f", this card has {capacity / GIB:.0f} GB (the training step itself needs "
+        f"{advice.memory.peak / GIB:.1f} GiB)")
+
+
 def _phases(advice: Advice, cfg: Any, info: Any, config: dict, option: FlowOption,
-            c: int) -> None:
+            c: int) -> dict:
     """The RAM and the device phase by phase (:mod:`trainer.advisor.host_memory`); on the CPU
     the peak is the phase that holds the most."""
     from trainer.advisor import host_memory as hm
@@ -258,3 +287,4 @@ def _phases(advice: Advice, cfg: Any, info: Any, config: dict, option: FlowOptio
             f"of host memory, this machine has {advice.ram / GIB:.1f} GiB"
             + ("" if cfg.model.base_precision != "full" else
                "; model.base_precision = 'fp8' stores the transformer in half of it"))
+    return parts

@@ -50,18 +50,31 @@ class Part:
 
 
 def _fp8_held(part: str, key: str, shape: list[int], skip: tuple[str, ...]) -> bool:
-    """Whether fp8 text-encoder storage holds this T5 tensor: the Linear weights, not the
-    norms, the embedding or the position bias (``skip``: trainer/models/memory.py's T5_SKIP)."""
-    return part == "t5xxl" and key.endswith(".weight") and len(shape) == 2 and \
-        not any(re.search(p, key) for p in skip)
+    """Whether fp8 text-encoder storage holds this tensor of a text encoder: the Linear
+    weights, not the norms, the embeddings or T5's position bias (``skip``:
+    trainer/models/memory.py's T5_SKIP; the other encoders' embedders are kept as
+    :data:`trainer.models.memory.SKIP_PATTERNS` keeps them)."""
+    return part not in ("vae", "clip_l", "clip_g") and key.endswith(".weight") \
+        and len(shape) == 2 and not any(re.search(p, key) for p in skip)
 
 
-def _count(tensors: dict[str, Any], part: str, prefix: str = "") -> Part:
+def fp8_stored(encoders: list[str]) -> list[str]:
+    """The text encoders that ``model.fp8_text_encoders`` stores in fp8: T5 where the family
+    has it (FLUX.1, SD 3.5, Chroma: not CLIP), else its one decoder LLM (Qwen-Image, Z-Image,
+    FLUX.2; trainer/models/memory.py)."""
+    return ["t5xxl"] if "t5xxl" in encoders else [p for p in encoders if p not in ("clip_l",
+                                                                                   "clip_g")]
+
+
+def _count(tensors: dict[str, Any], part: str, prefix: str = "", read: Any = None) -> Part:
+    """A part's weights under ``prefix``, those the loader reads (``read``: all by default)."""
     from trainer.models.memory import T5_SKIP
 
     params, held = 0, []
     for key, entry in tensors.items():
         if not key.startswith(prefix) or entry.get("dtype") not in DTYPE_BYTES:
+            continue
+        if read is not None and not read(key):
             continue
         n = 1
         for side in entry["shape"]:
@@ -102,9 +115,10 @@ def _file_parts(section: Any, path: Path, family: str) -> dict[str, Part]:
     from trainer.families import detect_path, role, spec
 
     own = getattr(role(family, "memory"), "file_parts", None)
-    if own is not None:  # a family that says where its file's parts are itself
-        return {part: _count(_header(where), part, prefix)
-                for part, (where, prefix) in own(section, path).items()}
+    if own is not None:  # a family that says where its file's parts are itself (and, as a
+        # third entry, which of their keys its loader reads)
+        return {part: _count(_header(where[0]), part, *where[1:])
+                for part, where in own(section, path).items()}
     info = detect_path(path).header  # the family's record: its parts' key prefixes
     main = _header(path)
     settings = {part: getattr(section, name.split(".", 1)[1], None)
@@ -200,15 +214,17 @@ def held(cfg: Any, parts: dict[str, Part], transformer: int, c: int, name: str,
 
     fp8_te = cfg.model.fp8_text_encoders and not trains_t5(cfg)  # Chroma's: train_text_encoder
     text = []
-    for part in [p for p in parts if p != "vae"]:  # the family's text encoders' slots
-        fp8 = fp8_te and part == "t5xxl"
+    encoders = [p for p in parts if p != "vae"]  # the family's text encoders' slots
+    stored_fp8 = fp8_stored(encoders)
+    for part in encoders:
+        fp8 = fp8_te and part in stored_fp8
         text.append((f"{part}: {_millions(parts[part].params)}"
                      + (" (fp8 storage)" if fp8 else f" x {name}"),
                      parts[part].held(c, fp8)))
     vae = parts.get("vae", Part(0))  # unknown where the files cannot be read
-    t5 = parts.get("t5xxl", Part(0))
-    copies = (f"{name} copies of T5's fp8 layers while it encodes (a feed-forward block)",
-              t5.largest * c if fp8_te else 0)
+    largest = max((parts[p].largest for p in stored_fp8), default=0)
+    copies = (f"{name} copies of the text encoder's fp8 layers while it encodes (its three "
+              f"largest)", largest * c if fp8_te else 0)
     outputs = captions * (text_tokens * width * c + 2 * width * c)
     return Held(("runtime: Python and the libraries", RUNTIME["cpu"]), text,
                 (f"VAE: {_millions(vae.params)} x {name}", vae.held(c, False)),
@@ -233,7 +249,7 @@ def flow_phases(info: Any, h: Held, step_lines: list[tuple[str, int]],
     loaded = [runtime, *h.text, h.vae] + ([] if first else [h.transformer])
     phases = [Phase("load", tuple(loaded + [reading]), None if cpu else on_device),
               Phase("text cache", tuple(loaded + [h.outputs, h.encoding]),
-                    None if cpu else on_device + sum(b for _, b in h.text))]
+                    None if cpu else on_device + sum(b for _, b in h.text) + h.encoding[1])]
     if first:
         phases.append(Phase("transformer", (runtime, h.vae, h.outputs, h.transformer,
                                             reading), None if cpu else on_device))

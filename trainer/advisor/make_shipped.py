@@ -22,6 +22,7 @@ from trainer.advisor.shipped import (
     _stamp,
     code_stamp,
     entry_id,
+    family_of,
     file_name,
 )
 
@@ -43,14 +44,6 @@ def unet_configs(model: str) -> Any:
     if model.startswith("embedded:"):
         return built_configs(model)
     return folder_configs(FAMILIES / model, str(FAMILIES / model), load_extra=0)
-
-
-def family_of(model: str) -> str:
-    """The family of a shipped model: an embedded twin's id or a variant's asset folder."""
-    from trainer.families import FAMILIES, embedded_family
-
-    return embedded_family(model) or next(
-        s.name for s in FAMILIES.values() if any(v.asset == model for v in s.variants))
 
 
 def flow_config(model: str) -> dict:
@@ -144,8 +137,8 @@ def build(models: tuple[str, ...], jobs: int) -> None:
         index = json.loads(index_path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         index = {}
-    if index.get("code") != code_stamp():
-        index = {"code": code_stamp(), "models": {}}
+    index.pop("code", None)  # one stamp for every model: the index before per-model stamps
+    index["models"] = {k: v for k, v in index.get("models", {}).items() if isinstance(v, dict)}
     index["versions"] = {n: version(n) for n in ("torch", "diffusers", "peft", "transformers")}
     with multiprocessing.get_context("spawn").Pool(jobs, maxtasksperchild=8) as pool:
         for model in models:
@@ -156,7 +149,10 @@ def build(models: tuple[str, ...], jobs: int) -> None:
                 print(f"{model}: {i}/{len(work)}", flush=True)
             with gzip.open(FOLDER / file_name(model), "wt", encoding="utf-8") as f:
                 json.dump({"model": model, "entries": entries}, f, sort_keys=True)
-            index["models"][entry_id(model_key(model))] = file_name(model)
+            index["models"] = {k: v for k, v in index["models"].items()
+                               if v["file"] != file_name(model)}
+            index["models"][entry_id(model_key(model))] = {"file": file_name(model),
+                                                           "code": code_stamp(model)}
             index_path.write_text(json.dumps(index, indent=1, sort_keys=True) + "\n",
                                   encoding="utf-8")
     write_embedded()

@@ -14,9 +14,11 @@ each set of trained blocks, checkpointing on and off, batch 1 and larger. Every 
 any bucket, batch and LoRA rank; other settings are simulated once and kept on disk.
 ``embedded.json`` holds the embedded tiny models' configs (building them imports diffusers).
 
-The files are used while the code they came from is unchanged (``code``: a hash of
-:data:`CODE`, the advisor's simulation and the families' memory roles); the library versions
-they were made with are recorded beside it. After a change to that code, ``python -m
+The files are used while the code they came from is unchanged: each model's entry in the
+index carries ``code``, a hash of :data:`CODE` (the advisor's simulation) and its own family's
+memory role (``trainer/families/<folder>/memory.py``: its small models, a step's inputs), so
+adding or changing a family leaves the other families' laws in use; the library versions they
+were made with are recorded beside it. After a change to that code, ``python -m
 trainer.advisor.make_shipped`` makes them again (about an hour on 2 CPU cores; ``--only sd1``
 for one model) and ``tests/test_advisor_laws.py`` says when they are stale. This module reads
 them and imports nothing of the advisor's.
@@ -34,13 +36,10 @@ HERE = Path(__file__).resolve().parent
 TRAINER = HERE.parent
 FOLDER = TRAINER / "assets" / "advisor"
 FAMILIES = TRAINER / "assets" / "families"
-# the code whose simulations ship (paths under trainer/): the advisor's and each family's
-# memory role (its small models, a step's inputs)
+# the advisor's code whose simulations ship (paths under trainer/); a model's stamp adds its
+# family's memory role (its small models, a step's inputs)
 CODE = ("advisor/footprint.py", "advisor/law.py", "advisor/law_keys.py",
-        "advisor/live_bytes.py", "advisor/flow_memory.py", "families/sd/memory.py",
-        "families/sdxl/memory.py", "families/flux/memory.py", "families/sd3/memory.py",
-        "families/qwen_image/memory.py", "families/zimage/memory.py",
-        "families/chroma/memory.py")
+        "advisor/live_bytes.py", "advisor/flow_memory.py")
 # the embedded models' builders, whose configs embedded.json holds (paths under trainer/)
 UNET_BUILDER = "families/sd/tiny.py"
 FLOW_BUILDER = "families/common/tiny_mmdit.py"
@@ -48,17 +47,35 @@ UNET_MODELS = ("sd1", "sd2-512", "sd2-768-v", "sdxl", "embedded:tiny-sd15",
                "embedded:tiny-sdxl")
 FLOW_MODELS = ("flux1-dev", "flux1-schnell", "sd35-large", "sd35-medium", "sd3-medium",
                "embedded:tiny-flux", "embedded:tiny-sd3", "qwen-image", "chroma1-hd",
-               "embedded:tiny-chroma", "z-image-turbo")
+               "embedded:tiny-chroma", "z-image-turbo", "flux2-klein-4b", "flux2-klein-9b",
+               "flux2-dev", "embedded:tiny-flux2")
 MODELS = UNET_MODELS + FLOW_MODELS
 MISSING = object()
 _LOADED: dict[str, Any] = {}
 
 
-def code_stamp() -> str:
-    """A hash of :data:`CODE` less its docstrings, comment lines and indentation (editing
-    those leaves the shipped laws in use)."""
+def family_of(model: str) -> str:
+    """The family of a shipped model: an embedded twin's id or a variant's asset folder."""
+    from trainer.families import FAMILIES as REGISTRY
+    from trainer.families import embedded_family
+
+    return embedded_family(model) or next(
+        s.name for s in REGISTRY.values() if any(v.asset == model for v in s.variants))
+
+
+def code_files(model: str) -> tuple[str, ...]:
+    """The code whose simulations ``model``'s file holds: :data:`CODE` and its family's memory
+    role (paths under trainer/)."""
+    from trainer.families import spec
+
+    return CODE + (f"families/{spec(family_of(model)).folder}/memory.py",)
+
+
+def code_stamp(model: str) -> str:
+    """A hash of :func:`code_files` less their docstrings, comment lines and indentation
+    (editing those leaves the shipped laws in use)."""
     h = hashlib.sha256()
-    for name in CODE:
+    for name in code_files(model):
         h.update(_code(TRAINER / name).encode())
     return h.hexdigest()[:16]
 
@@ -87,14 +104,20 @@ def file_name(model: str) -> str:
 
 
 def _index() -> dict[str, str]:
-    """Model key's id -> file, for the files made by this code."""
+    """Model key's id -> file, for the files made by this code (each model's entry: its file
+    and the stamp of the code that made it, :func:`code_stamp`)."""
     if "index" not in _LOADED:
         try:
             index = json.loads((FOLDER / "index.json").read_text(encoding="utf-8"))
         except (OSError, ValueError):
             index = {}
-        fresh = index.get("code") == code_stamp()
-        _LOADED["index"] = index.get("models", {}) if fresh else {}
+        models = {file_name(m): m for m in MODELS}
+        fresh = {}
+        for key, entry in index.get("models", {}).items():
+            model = models.get(entry.get("file")) if isinstance(entry, dict) else None
+            if model is not None and entry.get("code") == code_stamp(model):
+                fresh[key] = entry["file"]
+        _LOADED["index"] = fresh
     return _LOADED["index"]
 
 

@@ -4,10 +4,18 @@ A dataset without controls is bucketed by its targets alone (the keys stay the b
 its epochs are exactly as before). With controls, a batch holds targets of one bucket that have
 the same number of controls of the same sizes, so that each reference index stacks into one
 tensor: the group key is ``(bucket, (size of control 0, size of control 1, ...))``.
+
+Where the family's text encoder reads the controls too (``ControlSpec.text``: Qwen-Image-Edit),
+a row's text-encoder outputs depend on its controls as rendered; the text cache then keys each
+row by its caption and its controls (their files' hashes, sizes, crop and flip), as musubi-tuner
+caches them per item with its control images, and encodes each key alone with its controls.
+A per-step change of the controls (a random crop with the target, a colour draw) rules that
+cache out; each step then encodes its captions with its controls' pixels.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Optional
 
 import torch
@@ -94,17 +102,33 @@ class WithControls:
     _sizings: list[ControlSizing]
     _latents: Any
     _groups: dict
+    text_cache_blocker: Optional[str]
+    _control_text: bool = False
+    _text: Any
+
+    def _color_aug(self, index: int) -> bool:
+        raise NotImplementedError  # TrainingData's
+
+    def _random_crop(self, index: int) -> bool:
+        raise NotImplementedError
+
+    def _flip_aug(self, index: int) -> bool:
+        raise NotImplementedError
 
     def _geometry(self, index: int, rng: Any) -> Geometry:
         raise NotImplementedError  # TrainingData's: the target's resize and crop
 
     def use_controls(self, controls: Optional[list[Optional[ControlSet]]],
-                     family: Optional[str]) -> None:
+                     family: Optional[str], resolution: Optional[int] = None) -> None:
         """Train each entry with its control images (trainer/data/controls.py), sized as
         ``family`` declares (its ``FamilySpec.controls``; None: not known yet, each control with
-        its target's bucket). Raises DatasetError when the family cannot train them."""
+        its target's bucket), or at ``resolution`` (``dataset.control_resolution``; once given,
+        kept when the run calls again with the loaded model's family). Raises DatasetError
+        when the family cannot train them."""
         from trainer.families import spec
 
+        if resolution is not None:
+            self.control_resolution = resolution
         if not controls:
             return
         if family is not None:
@@ -115,9 +139,59 @@ class WithControls:
         self._sizings = sizings(controls, self.entries,
                                 spec(family).controls if family else None,
                                 self.control_resolution)
+        # a family whose text encoder reads the controls: the text cache keys rows by them
+        self._control_text = bool(family) and spec(family).controls.text
+        if self._control_text:
+            self._block_text_cache(controls, spec(family).label)
         keys = [group_key(b, c, z, self._geometry(i, None)) for i, (b, c, z)
                 in enumerate(zip(self.buckets, controls, self._sizings))]
         self._groups = group_by_bucket(self.counts, keys)
+
+    def _block_text_cache(self, controls: list[Optional[ControlSet]], label: str) -> None:
+        """Why the text outputs of these controls cannot be cached: they change per step."""
+        changing = [(i, z) for i, (c, z) in enumerate(zip(controls, self._sizings)) if c]
+        why = []
+        if any(self._color_aug(i) for i, _ in changing):
+            why.append("dataset.color_aug is on")
+        if any(self._random_crop(i) and z.mode == "target" for i, z in changing):
+            why.append("dataset.random_crop is on")
+        if why:
+            reason = (f"{' and '.join(why)}, and {label}'s text encoder reads the control "
+                      f"images, which then change each step")
+            if reason not in (self.text_cache_blocker or ""):
+                self.text_cache_blocker = "; ".join(filter(None, (self.text_cache_blocker,
+                                                                  reason)))
+
+    def _text_key(self, index: int, caption: str, flip: bool) -> str:
+        """The text cache's key of a row: its caption, and where the family's text encoder
+        reads the controls, what they are as rendered."""
+        if not self._control_text or not self.controls or not self.controls[index]:
+            return caption
+        rendered = " ".join(f"{j.content_hash}:{j.size}:{j.resized}:{j.box}"
+                            for j in self._control_jobs(index, self._geometry(index, None)))
+        return f"{caption}\n\x00controls flip={int(flip)} {rendered}"
+
+    def _text_jobs(self, captions: list[str], encode_text: Callable, batch_size: int
+                   ) -> tuple[list[str], Callable, int]:
+        """(the text cache's keys, its encode, its batch size): the captions themselves, or
+        with controls in the text, each entry's key once per flip it can take, encoded alone
+        with its controls' pixels (``encode_text(captions, controls=...)``)."""
+        if not self._control_text or not self.controls:
+            return captions, encode_text, batch_size
+        rows: dict[str, tuple[int, str, bool]] = {}
+        for i, caption in enumerate(captions):
+            for flip in ((False, True) if self._flip_aug(i) else (False,)):
+                rows[self._text_key(i, caption, flip)] = (i, caption, flip)
+
+        def encode(keys: list[str]) -> Any:
+            [(i, caption, flip)] = [rows[k] for k in keys]
+            found = self.controls[i]
+            px = pixels(found, self._sizings[i], self.buckets[i], self._geometry(i, None), flip)
+            if not px:
+                return encode_text([caption])
+            return encode_text([caption], controls=[p.unsqueeze(0) for p in px])
+
+        return list(rows), encode, 1
 
     def _control_jobs(self, index: int, geometry: Geometry) -> tuple:
         if not self.controls:
@@ -130,7 +204,8 @@ class WithControls:
         if self._latents is not None:
             batch.controls = stack(
                 [self._latents.get_controls(i, f) for i, f in zip(indices, flips)])
-            return
+            if not self._control_text or self._text is not None:
+                return  # the text encoder reads them only when its outputs are not cached
         batch.control_pixels = stack([pixels(
             self.controls[i], self._sizings[i], self.buckets[i], g, f, c)
             for i, f, g, c in zip(indices, flips, geometry, colors)])

@@ -78,7 +78,6 @@ class TrainingData(WithControls):
         self.random_crop = ds.random_crop
         self.flip_aug = ds.flip_aug
         self.color_aug = ds.color_aug  # sd-scripts' colour augmentation (trainer/data/color_aug)
-        self.control_resolution = ds.control_resolution  # edit training's control sizing
         self.prior_loss_weight = cfg.training.prior_loss_weight
         self.text_cache_blocker = text_cache_blocker(cfg)
         self.templates = templates_for(cfg)  # textual inversion's built-in captions
@@ -230,8 +229,9 @@ class TrainingData(WithControls):
         if self.text_cache_blocker:
             raise ValueError(f"text-encoder outputs cannot be cached: {self.text_cache_blocker}")
         folder = (Path(cache_dir) if cache_dir else self.default_cache_dir) if to_disk else None
-        self._text = TextCache.build(self.final_captions(), encode_text, batch_size, folder,
-                                     identity, lazy)
+        keys, encode, batch_size = self._text_jobs(self.final_captions(), encode_text,
+                                                   batch_size)
+        self._text = TextCache.build(keys, encode, batch_size, folder, identity, lazy)
         return self._text.encoded
 
     def epoch(self, epoch: int, batch_size: int, seed: int, skip: int = 0,
@@ -292,7 +292,8 @@ class TrainingData(WithControls):
         if self.controls:
             self._add_controls(batch, indices, flips, geometry, colors)
         if self._text is not None:
-            batch.text = self._text.get(captions)
+            batch.text = self._text.get([self._text_key(i, c, f)
+                                         for i, c, f in zip(indices, captions, flips)])
         if self.masks is not None and batch.mask is None:
             batch.mask = torch.stack([self._mask(i, f, g)
                                       for i, f, g in zip(indices, flips, geometry)])
@@ -371,7 +372,7 @@ def prepare_dataset(
     data = TrainingData(entries, cfg, train_dir)
     data.held_out = held_out
     data.masks = masks
-    data.use_controls(found, family)
+    data.use_controls(found, family, ds.control_resolution)
     data.held_out_controls = held_controls
     return data
 

@@ -64,7 +64,7 @@ def is_flow(name: Optional[str]) -> bool:
 
 def embedded_family(path: Optional[str]) -> Optional[str]:
     """The family of an embedded tiny twin's id (``embedded:tiny-flux``), else None."""
-    return next((s.name for s in FAMILIES.values() if s.embedded and s.embedded == path), None)
+    return next((s.name for s in FAMILIES.values() if path in s.twins), None)
 
 
 def role(name: str, role_name: str) -> Optional[ModuleType]:

@@ -47,6 +47,10 @@ class ControlSpec:
 
     max: int = 0
     required: int = 0
+    # the family's text encoder reads the controls too (Qwen-Image-Edit's Qwen2.5-VL): its
+    # encode takes their pixels (``encode(..., controls=...)``) and the text cache keys each
+    # row by its caption and its controls (trainer/data/control_batch.py)
+    text: bool = False
     area: Optional[int] = None
     multiple: int = 16
     sizes: tuple[tuple[int, int], ...] = ()
@@ -72,6 +76,9 @@ class FamilySpec:
     objective: Objective
     text_encoders: tuple[str, ...]
     embedded: Optional[str] = None
+    # more embedded tiny twins of the family's variants (``embedded:tiny-flux2-dev``,
+    # ``embedded:tiny-qwen-image-edit``), built by its tiny role into a folder named like the id
+    more_twins: tuple[str, ...] = ()
     pipelines: tuple[str, ...] = ()
     variants: tuple[Variant, ...] = ()
     part_settings: dict[str, str] = field(default_factory=dict)
@@ -81,7 +88,15 @@ class FamilySpec:
     # a plain LoRA file continues (network.network_weights with network_type "lora"): always
     # for a UNet family; a transformer family's lora role reads its own and the peers' files
     continues_lora: bool = False
+    # the values of network.train_blocks its LoRA reads (the first is the default's, "all");
+    # none: it has one kind of block
+    train_blocks: tuple[str, ...] = ()
     controls: ControlSpec = ControlSpec()  # edit training's control images (none by default)
+
+    @property
+    def twins(self) -> tuple[str, ...]:
+        """The ids of every tiny twin of the family (``embedded`` first)."""
+        return ((self.embedded,) if self.embedded else ()) + self.more_twins
 
     @property
     def has_t5(self) -> bool:

@@ -119,9 +119,16 @@ def _folder(version: str) -> Optional[str]:
 
 
 def namers(model: Any, version: str, names: list[str]) -> dict[str, Callable[[str], str]]:
-    """component -> (module path -> kohya module name), as trainer/export writes them."""
+    """component -> (module path -> kohya module name), as trainer/export writes them; a family
+    whose lora role names its modules itself (``network_module_name(component, path)``, the
+    names its ``network_weights_tensors`` gives the file's tensors) by that."""
     from trainer.export.metadata import lora_naming
+    from trainer.families import FAMILIES, role
 
+    own = getattr(role(version, "lora"), "network_module_name", None) \
+        if version in FAMILIES else None
+    if own is not None:
+        return {name: (lambda c: lambda p: own(c, p))(name) for name in names}
     naming = lora_naming(version)
     out = {}
     for name in names:

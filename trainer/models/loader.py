@@ -27,7 +27,7 @@ from trainer.families.common import files as file_checks
 from trainer.families.sd.detect import ModelLoadError
 from trainer.models import lazy_diffusers
 
-EMBEDDED_MODELS = {s.embedded: s.name for s in registry.FAMILIES.values() if s.embedded}
+EMBEDDED_MODELS = {twin: s.name for s in registry.FAMILIES.values() for twin in s.twins}
 
 __all__ = ["BaseModel", "ModelLoadError", "load_base_model", "resolve_model_path",
            "text_embeddings"]
@@ -55,6 +55,7 @@ class BaseModel:
     t5_max_length: int = 0  # tokens of T5 per caption (the flow families)
     prompt_options: Any = None  # SD families: long / weighted / unpadded captions (long_prompts)
     build_denoiser: Any = None  # (dtype) -> the denoiser, while that is None (text_first)
+    processor: Any = None  # an edit model's image processor for its text encoder (Qwen-Image-Edit)
 
     @property
     def unet(self) -> Any:

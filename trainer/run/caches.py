@@ -40,6 +40,7 @@ def fill_latent_cache(s: Any, out: Any) -> None:
     family = family_of(model)  # a family may encode its latents its own way
     if s.data.controls:  # edit training: checked again with the loaded model's family
         s.data.use_controls(s.data.controls, model.version)
+        check_variant_controls(s.data, family, model)
     if ds.cache_latents:
         start = time.time()
         # hashing the VAE's weights is only worth it for a cache that outlives the run
@@ -66,6 +67,20 @@ def fill_latent_cache(s: Any, out: Any) -> None:
             model.vae.to("cpu")  # not needed on the device any more
 
 
+def check_variant_controls(data: Any, family: Any, model: Any) -> None:
+    """The loaded variant's own limits on the controls, where its family has some (one family
+    can hold a text-to-image model and its edit models: Qwen-Image and Qwen-Image-Edit)."""
+    from trainer.data.errors import DatasetError
+
+    check = getattr(family, "control_problems", None)
+    if check is None:
+        return
+    problems = check(model, [len(c.images) for c, e in zip(data.controls, data.entries)
+                             if c is not None and not e.is_reg])
+    if problems:
+        raise DatasetError(problems)
+
+
 def fill_text_cache(s: Any, out: Any, eager: bool = False) -> None:
     """Fill (or, on the CPU, set up) the text-encoder cache where it applies; on a GPU the
     frozen text encoders then leave the device. ``eager``: filled now on the CPU too (the
@@ -78,7 +93,8 @@ def fill_text_cache(s: Any, out: Any, eager: bool = False) -> None:
         identity = _text_identity(s) if disk else ""
         with torch.no_grad():
             encoded = s.data.cache_text(
-                lambda caps: encode_captions(model, caps, s.cfg.model.clip_skip), to_disk=disk,
+                lambda caps, controls=None: encode_captions(model, caps, s.cfg.model.clip_skip,
+                                                            controls=controls), to_disk=disk,
                 cache_dir=Path(ds.cache_dir) if ds.cache_dir else None, identity=identity,
                 batch_size=cache_batches.text_batch(
                     cache_batches.text_encoder_configs(model), cache_batches.budget(

@@ -49,11 +49,22 @@ def expand_multi_vector_tokens(prompt: str, tokenizer: Any) -> str:
 
 
 def encode_captions(model: Any, captions: list[str], clip_skip: int,
-                    family: Any = None) -> TextConditioning:
+                    family: Any = None, controls: Any = None) -> TextConditioning:
     """The text conditioning of ``captions``, as the model's family (``family``, else the
-    model's) makes it."""
+    model's) makes it; ``controls``: the rows' control pixels, for a family whose text
+    encoder reads them (``ControlSpec.text``)."""
     captions = [expand_multi_vector_tokens(c, model.tokenizer) for c in captions]
-    return (family_of(model) if family is None else family).encode(model, captions, clip_skip)
+    extra = {"controls": controls} if controls else {}
+    return (family_of(model) if family is None else family).encode(model, captions, clip_skip,
+                                                                   **extra)
+
+
+def text_controls(batch: Any, model: Any) -> Any:
+    """The batch's control pixels where the model's family reads them in its text encoder."""
+    from trainer.families import spec
+
+    pixels = getattr(batch, "control_pixels", None)
+    return pixels if pixels and spec(model.version).controls.text else None
 
 
 def run_family(model: Any, cfg: TrainConfig) -> Any:
@@ -79,7 +90,7 @@ def control_latents(batch: Any, model: Any, family: Any, device: torch.device,
                     dtype: torch.dtype) -> list[torch.Tensor]:
     """Edit training: the latents of the batch's control images, one [B, C, h, w] per reference
     index (cached, or encoded here like the targets); empty without controls."""
-    if getattr(batch, "controls", None):
+    if getattr(batch, "controls", None):  # cached (pixels may come too, for the text)
         return [c.to(device, dtype) for c in batch.controls]
     with torch.no_grad():
         return [encode_images(model.vae, px, family).to(device, dtype)
@@ -111,7 +122,8 @@ def batch_loss(batch: Any, model: Any, cfg: TrainConfig, device: torch.device,
         with torch.set_grad_enabled(grad):
             # at the denoiser's dtype, as the cache gives it: a trained text encoder (or a
             # textual-inversion embedding) returns fp32 where frozen bf16 weights need bf16
-            text = encode_captions(model, batch.captions, cfg.model.clip_skip).to(device, dtype)
+            text = encode_captions(model, batch.captions, cfg.model.clip_skip,
+                                   controls=text_controls(batch, model)).to(device, dtype)
     controls = control_latents(batch, model, family, device, dtype)
     # an edit family's predict takes the controls' latents, one tensor per reference index
     extra = {"controls": controls} if controls else {}

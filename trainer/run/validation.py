@@ -6,7 +6,9 @@ because every step draws new timesteps and new noise; a validation loss is only 
 across steps when those stay put, so each image is scored at the same few timesteps spread over
 the schedule (:data:`TIMESTEP_FRACTIONS`) with noise drawn once from a generator seeded by
 ``training.seed`` and the image's position. What changes between two measurements is then the
-model alone. The images are encoded once, without flips, crops at random or caption changes.
+model alone. The images are encoded once, without flips, crops at random or caption changes;
+edit training's held-out images keep their control images (their latents beside the target's,
+their pixels for a text encoder that reads them).
 The training loss's options (loss_type, masked_loss, min-SNR, debiased or v-scaled weights,
 noise offset, multires noise, timestep bounds) do not apply: it is the plain mean squared error,
 comparable between runs that set them differently.
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import random
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
@@ -42,6 +44,8 @@ class ValidationItem:
     caption: str
     size_ids: torch.Tensor  # [1, 6]
     noise: torch.Tensor  # [K, C, h, w], fixed
+    controls: list = field(default_factory=list)  # edit training: each control's latents
+    control_pixels: list = field(default_factory=list)  # and pixels [1, 3, H, W]
 
 
 @dataclass
@@ -50,9 +54,10 @@ class ValidationSet:
     timesteps: torch.Tensor  # [K]: DDPM timesteps, or flow matching's sigmas
 
 
-def validation_data(data: Any, cfg: Any) -> Any:
+def validation_data(data: Any, cfg: Any, family: Optional[str] = None) -> Any:
     """The held-out images as a TrainingData without per-step changes (no flips, no crops at
-    random, no caption shuffle or dropout)."""
+    random, no caption shuffle or dropout), with their control images where they have them
+    (sized as ``family``, the model's, declares)."""
     from trainer.data import TrainingData
     from trainer.data.captions import CaptionOptions
 
@@ -61,6 +66,8 @@ def validation_data(data: Any, cfg: Any) -> Any:
     ds = cfg.dataset
     held.caption_options = CaptionOptions(prefix=ds.caption_prefix, suffix=ds.caption_suffix)
     held.steady()  # the same for a dataset TOML's per-subset options
+    if getattr(data, "held_out_controls", None):
+        held.use_controls(data.held_out_controls, family)
     return held
 
 
@@ -70,25 +77,36 @@ def build_set(data: Any, model: Any, cfg: Any, objective: Any = None) -> Validat
     from trainer.families import family_of
     from trainer.run.step import encode_images, objective_for
 
-    held = validation_data(data, cfg)
+    held = validation_data(data, cfg, model.version)
     seed = cfg.training.seed
     objective = objective_for(model, cfg) if objective is None else objective
     timesteps = objective.validation_t()
     items = []
     for index in range(held.num_images):
         batch = held._batch([index], random.Random(f"{seed}:validation:{index}"))
+        pixels = batch.control_pixels or []
         with torch.no_grad():
-            latents = encode_images(model.vae, batch.pixels, family_of(model)).float().cpu()
+            latents, *controls = (encode_images(model.vae, px, family_of(model)).float().cpu()
+                                  for px in [batch.pixels, *pixels])
         generator = torch.Generator().manual_seed(seed + SEED_OFFSET + index)
         noise = torch.randn((len(timesteps), *latents.shape[1:]), generator=generator)
-        items.append(ValidationItem(latents, batch.captions[0], batch.size_ids, noise))
+        items.append(ValidationItem(latents, batch.captions[0], batch.size_ids, noise,
+                                    controls, pixels))
     return ValidationSet(items, timesteps)
+
+
+@dataclass
+class Steady:
+    """A validation item's control pixels as :func:`~trainer.run.step.text_controls` reads a
+    batch's."""
+
+    control_pixels: list
 
 
 def _item_loss(item: ValidationItem, timesteps: torch.Tensor, model: Any, cfg: Any,
                device: Any, dtype: torch.dtype, chunk: int, run: tuple[Any, Any]) -> float:
     from trainer.objectives.losses import diffusion_loss
-    from trainer.run.step import encode_captions
+    from trainer.run.step import encode_captions, text_controls
 
     family, objective = run
     total = 0.0
@@ -98,8 +116,12 @@ def _item_loss(item: ValidationItem, timesteps: torch.Tensor, model: Any, cfg: A
         latents = item.latents.to(device, dtype).expand(n, -1, -1, -1)
         noise = item.noise[start:start + n].to(device, dtype)
         noisy = objective.noisy(latents, noise, t)
-        text = encode_captions(model, [item.caption] * n, cfg.model.clip_skip).to(device, dtype)
-        pred = family.predict(model, noisy, t, text, item.size_ids.expand(n, -1))
+        wide = [c.expand(n, -1, -1, -1) for c in item.control_pixels]
+        controls = [c.to(device, dtype).expand(n, -1, -1, -1) for c in item.controls]
+        text = encode_captions(model, [item.caption] * n, cfg.model.clip_skip,
+                               controls=text_controls(Steady(wide), model)).to(device, dtype)
+        extra = {"controls": controls} if controls else {}  # as batch_loss passes them
+        pred = family.predict(model, noisy, t, text, item.size_ids.expand(n, -1), **extra)
         pred = objective.prediction(pred, noisy, t)
         target = objective.target(latents, noise, t)
         total += diffusion_loss(pred, target).item() * n

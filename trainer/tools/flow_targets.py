@@ -21,8 +21,9 @@ folder's ``targets`` role (:mod:`trainer.families.flux.targets`,
 
 from __future__ import annotations
 
+import re
 from types import ModuleType
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -96,3 +97,37 @@ def lora_targets(model: Any) -> list[Target]:
         elif matches(target.path, TEXT_ENCODER_TARGETS):
             out.append(target)
     return out
+
+
+# a Black Forest Labs block layer -> the ratio of its shape [out, in] that its MLP sets: (ratio,
+# its value with a plain MLP of 4 x the width (FLUX.1, Chroma), with a gated one of 3 x (FLUX.2))
+MLP_SHAPES = {"img_mlp_0": (lambda o, i: o / i, 4, 6), "txt_mlp_0": (lambda o, i: o / i, 4, 6),
+              "img_mlp_2": (lambda o, i: i / o, 4, 3), "txt_mlp_2": (lambda o, i: i / o, 4, 3),
+              "linear1": (lambda o, i: o / i, 7, 9), "linear2": (lambda o, i: i / o, 5, 4)}
+BFL_LAYER = re.compile(r"^lora_unet_(double|single)_blocks_\d+_(.+)$")
+
+
+def bfl_gated_mlp(modules: dict[str, Any]) -> Optional[bool]:
+    """Whether a file's BFL block layers (``lora_unet_double_blocks_0_img_mlp_0``...) have
+    FLUX.2's gated MLP (True) or the plain one of FLUX.1 and Chroma (False), by the shapes of
+    their LoRA; None when no such layer tells."""
+    for name, module in modules.items():
+        match = BFL_LAYER.match(name)
+        shape = MLP_SHAPES.get(match.group(2)) if match else None
+        t = module.tensors
+        if shape is None or "lora_down.weight" not in t or "lora_up.weight" not in t:
+            continue
+        ratio = shape[0](t["lora_up.weight"].shape[0], t["lora_down.weight"].shape[1])
+        if abs(ratio - shape[2]) < 1e-6:
+            return True
+        if abs(ratio - shape[1]) < 1e-6:
+            return False
+    return None
+
+
+def bfl_modulated(modules: dict[str, Any]) -> bool:
+    """Whether a file's BFL blocks hold modulation layers (``img_mod_lin``, ``modulation_lin``:
+    FLUX.1's, which sd-scripts' and this studio's FLUX.1 LoRA train; Chroma's and FLUX.2's
+    blocks have none)."""
+    parts = [m.group(2) for n in modules if (m := BFL_LAYER.match(n))]
+    return any(p.endswith("_mod_lin") or p == "modulation_lin" for p in parts)

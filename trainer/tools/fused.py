@@ -1,8 +1,9 @@
 """Fused modules of the flow families' LoRA files: one LoRA over layers that diffusers splits.
 
 FLUX.1's kohya files (Black Forest Labs' layout, :mod:`trainer.families.flux.lora`) and
-sd-scripts' SD3 files name the original model's fused Linear layers: ``img_attn.qkv`` /
-``txt_attn.qkv`` / SD3's ``attn.qkv`` (rows: q, k, v, equal) and FLUX.1's ``linear1`` (rows: q,
+sd-scripts' SD3 files (and Z-Image's native ones) name the original model's fused Linear
+layers: ``img_attn.qkv`` / ``txt_attn.qkv`` / SD3's ``attn.qkv`` / Z-Image's ``attention.qkv``
+(rows: q, k, v, equal) and FLUX.1's ``linear1`` (rows: q,
 k, v of the block's width, which is the layer's input width, then the MLP's input). A LoRA
 trained on diffusers' split layers (ours; sd-scripts' ``split_qkv``) is written fused with a
 block-diagonal ``lora_up``: part i's rows use only part i's rank columns. :func:`block_parts`
@@ -20,7 +21,8 @@ from typing import Optional
 import torch
 
 QKV = re.compile(r"^lora_unet_(double_blocks_\d+_(img|txt)_attn|"
-                 r"joint_blocks_\d+_(x_block_attn2?|context_block_attn))_qkv$")
+                 r"joint_blocks_\d+_(x_block_attn2?|context_block_attn)|"
+                 r"(layers|noise_refiner|context_refiner)_\d+_attention)_qkv$")  # + native DiT
 LINEAR1 = re.compile(r"^lora_unet_single_blocks_\d+_linear1$")
 
 

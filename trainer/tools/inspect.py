@@ -139,6 +139,11 @@ def family_from_tensors(lora: LoraFile) -> tuple[str, str]:
         dim = lora.embedding["emb_params"].shape[-1]
         return TEXT_WIDTHS.get(dim, "unknown"), f"vectors of width {dim}"
     modules = lora.modules
+    for family in names(denoiser="transformer"):  # layers whose names and shapes tell
+        tells = getattr(role(family, "targets"), "tells", None)
+        why = tells(modules) if tells is not None else None
+        if why:
+            return family, f"{family_label(family)} {why}"
     for family in names(denoiser="transformer"):  # layer names only one family has
         markers = getattr(role(family, "targets"), "MARKERS", ())
         if markers and any(m in n for n in modules for m in markers):

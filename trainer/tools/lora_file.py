@@ -240,3 +240,24 @@ def read_lora(path: str | Path) -> LoraFile:
         raise ToolError(f"{path}: no LoRA, LyCORIS or embedding tensors in it "
                         f"(keys such as {sorted(tensors)[:3]})")
     return LoraFile(path, metadata, modules, {}, unknown)
+
+
+def in_own_form(lora: LoraFile, family: str) -> LoraFile:
+    """The file with its modules in its family's own form: what the family's lora role's
+    ``own_form_tensors`` makes of the peers' forms (their fused layers, peft keys); as it is for
+    a family without one, and for an embedding."""
+    from trainer.families import FAMILIES, role
+
+    convert = getattr(role(family, "lora"), "own_form_tensors", None) \
+        if family in FAMILIES else None
+    if convert is None or lora.embedding:
+        return lora
+    tensors = {}
+    for module in lora.modules.values():
+        for suffix, tensor in module.tensors.items():
+            peft = {v: k for k, v in PEFT_SUFFIXES.items()}.get(suffix)
+            key = f"{module.peft_key}.{peft}" if module.peft_key and peft else \
+                f"{module.name}.{suffix}"
+            tensors[key] = tensor
+    modules, unknown = group_modules(convert(tensors))
+    return LoraFile(lora.path, lora.metadata, modules, {}, lora.unknown + unknown)

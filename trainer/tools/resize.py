@@ -11,9 +11,12 @@ layer whose alpha differs from the others the common alpha. 3x3 convolution modu
 take ``conv_rank``; a 1x1 convolution (SD 1.x's ``proj_in``) is trained with the linear rank
 and resized with it.
 
-The flow families' files stay in their form. SD 3.5's ``transformer.*`` (peft) modules are
-written back under their keys with the scale folded into ``lora_B`` and no alpha
-(:mod:`trainer.families.sd3.lora`). FLUX.1's (and sd-scripts' SD3) fused layers written
+A newer family's file written by a peer (musubi-tuner's, ai-toolkit's, diffusers' form: the
+family's lora role's ``own_form_tensors``, :mod:`trainer.families.common.lora_forms`) is written
+in the family's own form, the one ComfyUI loads. FLUX.1's and SD 3.5's files stay in their
+form: SD 3.5's ``transformer.*`` (peft) modules are written back under their keys with the scale
+folded into ``lora_B`` and no alpha (:mod:`trainer.families.sd3.lora`). FLUX.1's (and
+sd-scripts' SD3, Z-Image's native qkv) fused layers written
 block-diagonally (:mod:`trainer.tools.fused`: q, k, v and linear1's MLP part, each with its own
 rank) are resized part by part to the rank asked for and fused again, alpha = the file's
 ``alpha / r`` x the new total rank; a dense fused layer (sd-scripts' default) is one module.
@@ -36,7 +39,8 @@ import torch
 
 from trainer.tools import fused, svd
 from trainer.tools.common import DTYPES, Progress, ToolError, no_progress
-from trainer.tools.lora_file import LoraModule, read_lora
+from trainer.tools.inspect import detect_family
+from trainer.tools.lora_file import LoraModule, in_own_form, read_lora
 from trainer.tools.options import ResizeOptions
 
 PEFT_NAMES = {"lora_down.weight": "lora_A.weight", "lora_up.weight": "lora_B.weight"}
@@ -215,6 +219,7 @@ def resize(opts: ResizeOptions, progress: Progress = no_progress) -> ResizeRepor
     lora = read_lora(opts.path)
     if lora.embedding:
         raise ToolError(f"{lora.path}: an embedding has no rank to resize")
+    lora = in_own_form(lora, detect_family(lora)[0])  # a peer's form: written as the family's
     dtype = DTYPES[opts.precision] if opts.precision else (lora.dtype or torch.float32)
     tensors: dict[str, torch.Tensor] = {}
     done: list[ResizedModule] = []

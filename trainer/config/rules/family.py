@@ -133,6 +133,9 @@ def spec_problems(cfg: Any, family: str) -> list[str]:
         problems.append(f"network.network_weights: continuing a LoRA is not available for "
                         f"{name} yet (the LyCORIS types {', '.join(TRANSFORMER_LYCORIS)} "
                         f"continue from their file); unset it")
+    if cfg.mode == "lora" and s.train_blocks and net.train_blocks not in s.train_blocks:
+        problems.append(f"network.train_blocks = {net.train_blocks!r}: {name}'s blocks are "
+                        f"{', '.join(repr(b) for b in s.train_blocks)}")
     if s.has_t5 and net.train_t5xxl and not net.train_text_encoder:
         problems.append("network.train_t5xxl needs network.train_text_encoder (T5 trains with "
                         "the text-encoder learning rate); turn it on or unset train_t5xxl")

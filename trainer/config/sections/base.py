@@ -27,6 +27,7 @@ FLOW = names(objective="flow")  # the [flow] section
 UNET = names(denoiser="unet")  # the UNet's blocks and convolutions
 SECOND_CLIP = tuple(n for n in FAMILIES if "clip_g" in spec(n).text_encoders)  # CLIP-G
 T5 = tuple(n for n in FAMILIES if "t5xxl" in spec(n).text_encoders)  # T5-XXL (FLUX.1, SD 3.5)
+BLOCKS = tuple(n for n in FAMILIES if spec(n).train_blocks)  # network.train_blocks
 CLIP_L_FILE = tuple(n for n in FLOW if "clip_l" in spec(n).text_encoders)  # its own file
 # the edit models: their spec takes control images (FamilySpec.controls); empty until a family
 # declares some, and a hint naming no family shows its setting for none

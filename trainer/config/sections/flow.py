@@ -58,6 +58,8 @@ class FlowSection(Section):
         "noisy - sigma * output, compared with the latents and weighted by the scheme). "
         "sd-scripts' default: sigma_scaled; its docs advise raw.", label="Prediction type")
     guidance_scale: float = _flow(
-        1.0, "FLUX.1-dev's guidance input while training (it is guidance-distilled; 1.0 is "
-        "what sd-scripts' docs advise; its default is 3.5). Ignored by schnell and SD 3.5.",
-        advanced=False, ge=0, le=100, label="Guidance (FLUX.1-dev)")
+        1.0, "FLUX.1-dev's and FLUX.2 [dev]'s guidance input while training (both are "
+        "guidance-distilled; 1.0 is what sd-scripts' docs advise for FLUX.1 and what "
+        "musubi-tuner trains FLUX.2 [dev] with; sd-scripts' and diffusers' defaults are 3.5). "
+        "Ignored by schnell, FLUX.2 [klein] and SD 3.5.",
+        advanced=False, ge=0, le=100, label="Guidance (FLUX.1-dev, FLUX.2 [dev])")

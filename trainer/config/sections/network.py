@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from trainer.config.sections.base import SECOND_CLIP, T5, UNET, Section, setting
+from trainer.config.sections.base import BLOCKS, SECOND_CLIP, T5, UNET, Section, setting
 from trainer.config.sections.lora import LoraOptions
 from trainer.config.sections.network_lycoris import NetworkLycoris
 
@@ -21,12 +21,13 @@ class NetworkCore(Section):
         "(network_module lycoris.kohya); ia3 has no rank and ignores network_dim/alpha.",
         modes=("lora",), label="Network type",
     )
-    train_blocks: Literal["all", "single", "double"] = setting(
-        "all", "FLUX.1 / FLUX.2 / Chroma: the transformer blocks that get LoRA: all, only the "
+    train_blocks: Literal["all", "single", "double", "with_refiners"] = setting(
+        "all", "The transformer blocks that get LoRA. FLUX.1 / FLUX.2 / Chroma: all, only the "
         "single-stream or only the double-stream blocks (sd-scripts' network_args "
-        "train_blocks).", modes=("lora",), advanced=True,
-        families=("flux1", "flux1_kontext", "flux2", "chroma"),
-        label="Blocks (FLUX.1 / FLUX.2 / Chroma)")
+        "train_blocks). Z-Image: all = its main layers (as musubi-tuner and ai-toolkit), "
+        "with_refiners = those and the noise and context refiners (as diffusers' example).",
+        modes=("lora",), advanced=True, families=BLOCKS,
+        label="Blocks (FLUX.1 / FLUX.2 / Chroma / Z-Image)")
     train_t5xxl: bool = setting(
         False, "FLUX.1 / SD 3.5: also train a LoRA on T5-XXL (with the text-encoder learning "
         "rate; needs network.train_text_encoder); its outputs then cannot be cached.",

@@ -26,7 +26,6 @@ alone, which is the default (``network.train_text_encoder`` off).
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Any, Literal, Optional
 
@@ -34,6 +33,14 @@ import torch
 
 from trainer.export.lora import _check_exportable, iter_lora_layers, module_lora_tensors
 from trainer.export.names import kohya_module_name, unwrap
+from trainer.families.common.lora_forms import (
+    Fused,
+    fuse_parts,
+    fused_units,
+    kohya_form,
+    split_units,
+)
+from trainer.families.common.lora_fuse import fuse_factors, layer_factors
 
 UNET_PREFIX = "lora_unet"
 T5_PREFIX = "lora_te1"  # ComfyUI's name of Chroma's T5 (its first text encoder)
@@ -98,23 +105,9 @@ def fuse_lora(parts: list[tuple[Optional[Any], int]], adapter_name: str = "defau
               ) -> tuple[torch.Tensor, torch.Tensor, float]:
     """(down, up, alpha) of one fused Linear from its parts' peft layers (or None for a part
     that did not train) with their output rows, in the fused weight's row order; parts of
-    different scales get their own folded into their ``up`` block and ``alpha = R``."""
-    trained = [layer for layer, _ in parts if layer is not None]
-    downs = [layer.lora_A[adapter_name].weight.detach().float() for layer in trained]
-    scales = [float(layer.scaling[adapter_name]) for layer in trained]
-    same = all(math.isclose(s, scales[0], rel_tol=1e-6) for s in scales)
-    rank = sum(d.shape[0] for d in downs)
-    up = torch.zeros(sum(rows for _, rows in parts), rank, dtype=torch.float32,
-                     device=downs[0].device)
-    row = col = 0
-    for layer, rows in parts:
-        if layer is not None:
-            b = layer.lora_B[adapter_name].weight.detach().float()
-            up[row:row + rows, col:col + b.shape[1]] = b * (1.0 if same else
-                                                            float(layer.scaling[adapter_name]))
-            col += b.shape[1]
-        row += rows
-    return torch.cat(downs, dim=0), up, (scales[0] if same else 1.0) * rank
+    different scales get their own folded into their ``up`` block and ``alpha = R``
+    (:func:`trainer.families.common.lora_fuse.fuse_factors`)."""
+    return fuse_factors([(layer_factors(layer, adapter_name), rows) for layer, rows in parts])
 
 
 def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -191,3 +184,34 @@ def file_metadata(info: Any) -> dict[str, str]:
             "ss_base_model_version": "chroma", "ss_network_module": "networks.lora_flux",
             "modelspec.architecture": f"{ARCHITECTURE}/lora",
             "modelspec.implementation": IMPLEMENTATION}
+
+
+# --- the peers' files: network.network_weights and the tools ------------------------------------
+# linear1's rows: q, k, v of the block's width (its input), then the MLP's input (4 x)
+FUSED = (Fused("double_blocks", "transformer_blocks", fused_units(DOUBLE_PARTS)),
+         Fused("single_blocks", "single_transformer_blocks",
+               fused_units(SINGLE_PARTS, {"proj_mlp": 4})))
+
+
+def network_weights_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A Chroma LoRA file's tensors as one LoRA per layer, under :func:`network_module_name`'s
+    names (what :mod:`trainer.methods.lora_weights` loads): ours and sd-scripts' BFL kohya
+    names (fused layers split: block-diagonal by their rank columns, dense with the whole
+    ``lora_down``), ai-toolkit's ``diffusion_model.<BFL path>`` and the diffusers form's
+    ``transformer.<path>`` (scale 1); T5 as ours (``lora_te1_``) or sd-scripts' (``lora_te3_``)
+    names it."""
+    out = split_units(kohya_form(tensors), FUSED)
+    t5 = SD_SCRIPTS_T5_PREFIX + "_"
+    return {T5_PREFIX + "_" + k[len(t5):] if k.startswith(t5) else k: v for k, v in out.items()}
+
+
+def network_module_name(component: str, path: str) -> str:
+    """The name a continued network's layer reads its tensors under: the transformer's
+    ``lora_unet_`` + its diffusers path, T5's (``text_encoder``) ``lora_te1_`` + its path."""
+    return kohya_module_name(T5_PREFIX if component == "text_encoder" else UNET_PREFIX, path)
+
+
+def own_form_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A Chroma LoRA file of any writer in this family's own form (sd-scripts' BFL kohya names
+    with alpha, split layers fused block-diagonally): what resize writes."""
+    return fuse_parts(kohya_form(tensors), FUSED)

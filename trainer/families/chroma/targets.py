@@ -12,13 +12,13 @@ peers write (see :mod:`trainer.tools.flow_targets`):
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
 from trainer.export.names import kohya_module_name
 from trainer.families.chroma.lora import SD_SCRIPTS_T5_PREFIX, T5_PREFIX, UNET_PREFIX, part_modules
-from trainer.tools.flow_targets import group
+from trainer.tools.flow_targets import bfl_gated_mlp, bfl_modulated, group
 from trainer.tools.targets import Target, encoder_targets
 
 BLOCK_PREFIXES = ("lora_unet_double_blocks_", "lora_unet_single_blocks_")  # its files' blocks
@@ -46,3 +46,14 @@ def text_targets(model: Any) -> list[tuple[Target, list[str]]]:
     """T5 (the pipeline's ``text_encoder``): ``lora_te1_``, also sd-scripts' ``lora_te3_``."""
     return encoder_targets(model.text_encoder, T5_PREFIX, "te3", rename=_as_is,
                            aliases=[SD_SCRIPTS_T5_PREFIX])
+
+
+def tells(modules: dict[str, Any]) -> Optional[str]:
+    """Why a file of BFL block names is Chroma's, or None: its blocks have no modulation layer
+    (FLUX.1's do, and its LoRA trains them: sd-scripts', this studio's) and a plain MLP (not
+    FLUX.2's gated one). The diffusers form's names are FLUX.1's: only metadata tells it."""
+    if not any(n.startswith(BLOCK_PREFIXES) for n in modules) or bfl_modulated(modules):
+        return None
+    if bfl_gated_mlp(modules) is not False:
+        return None
+    return "block names without FLUX.1's modulation layers"

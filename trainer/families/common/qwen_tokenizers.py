@@ -6,6 +6,12 @@ folder for both); what differs is the chat template: Z-Image and klein call
 would add its default system prompt), so a "qwen3" tokenizer must carry Qwen3's template.
 Qwen-Image writes its template string itself and needs none.
 
+FLUX.2 [dev]'s Mistral-Small-3 tokenizer (``kind`` "mistral3") is found the same way: a fast
+tokenizer (``tokenizer.json``) with Mistral's chat template (``[SYSTEM_PROMPT]``), as the
+``tokenizer/`` folder of ``black-forest-labs/FLUX.2-dev`` or a Mistral-Small-3.x repository
+holds it. It is read as the tokenizer alone: the folder's ``PixtralProcessor`` needs
+torchvision, and for text it renders the same template and tokenizes with this tokenizer.
+
 A text-encoder file holds no tokenizer. The look-up is the CLIP / T5 one's
 (:mod:`trainer.families.common.mmdit_tokenizers`), first found wins:
 
@@ -36,10 +42,18 @@ CACHE: dict[str, tuple[tuple[str, str], ...]] = {
               ("Qwen/Qwen3-8B", "")),
     "qwen25vl": (("Qwen/Qwen2.5-VL-7B-Instruct", ""), ("Qwen/Qwen-Image", SLOT),
                  ("Qwen/Qwen-Image-Edit", SLOT)),
+    "mistral3": (("black-forest-labs/FLUX.2-dev", SLOT),
+                 ("mistralai/Mistral-Small-3.2-24B-Instruct-2506", ""),
+                 ("mistralai/Mistral-Small-3.1-24B-Instruct-2503", "")),
 }
-FETCH_REPO = {"qwen3": "Tongyi-MAI/Z-Image-Turbo", "qwen25vl": "Qwen/Qwen-Image"}
+FETCH_REPO = {"qwen3": "Tongyi-MAI/Z-Image-Turbo", "qwen25vl": "Qwen/Qwen-Image",
+              "mistral3": "black-forest-labs/FLUX.2-dev"}  # gated: accept its license, log in
 FETCH = {kind: f'hf download {repo} --include "{SLOT}/*"' for kind, repo in FETCH_REPO.items()}
-LABELS = {"qwen3": "Qwen3 (Z-Image, FLUX.2 klein)", "qwen25vl": "Qwen2.5-VL (Qwen-Image)"}
+GATED = {"mistral3": " (a gated repository: accept its license on the Hub and log in with "
+                     "`hf auth login` first)"}
+LABELS = {"qwen3": "Qwen3 (Z-Image, FLUX.2 klein)", "qwen25vl": "Qwen2.5-VL (Qwen-Image)",
+          "mistral3": "Mistral-Small-3 (FLUX.2 [dev])"}
+MISTRAL_MARK = "[SYSTEM_PROMPT]"  # in Mistral-Small-3's chat template
 CHECKPOINTS = Union[Path, str, Iterable[Union[Path, str]], None]
 
 
@@ -58,11 +72,16 @@ def _json(path: Path) -> dict[str, Any]:
 
 def chat_template(folder: Path) -> str:
     """The folder's chat template: ``chat_template.jinja`` (transformers 5 writes it), or the
-    ``chat_template`` entry of ``tokenizer_config.json`` (older saves)."""
+    ``chat_template`` entry of ``tokenizer_config.json`` (older saves) or of a processor's
+    ``chat_template.json``."""
     jinja = folder / "chat_template.jinja"
     if jinja.is_file():
         return jinja.read_text(encoding="utf-8")
-    return str(_json(folder / "tokenizer_config.json").get("chat_template") or "")
+    for name in ("tokenizer_config.json", "chat_template.json"):
+        found = _json(folder / name).get("chat_template")
+        if isinstance(found, str) and found:
+            return found
+    return ""
 
 
 def is_qwen(folder: Path) -> bool:
@@ -74,11 +93,17 @@ def is_qwen(folder: Path) -> bool:
 
 
 def fits(folder: Path, kind: str) -> bool:
-    """A Qwen tokenizer that serves ``kind``: Qwen3's needs the ``enable_thinking`` template."""
+    """A tokenizer that serves ``kind``: Qwen3's needs the ``enable_thinking`` template,
+    Mistral's a ``tokenizer.json`` and its ``[SYSTEM_PROMPT]`` template."""
+    if kind == "mistral3":
+        return (folder / "tokenizer.json").is_file() and MISTRAL_MARK in chat_template(folder)
     return is_qwen(folder) and (kind != "qwen3" or "enable_thinking" in chat_template(folder))
 
 
 def _what(kind: str) -> str:
+    if kind == "mistral3":
+        return ("Mistral-Small-3 tokenizer files (tokenizer.json and a chat template with "
+                "[SYSTEM_PROMPT])")
     if kind == "qwen3":
         return ("Qwen3 tokenizer files (tokenizer.json or vocab.json + merges.txt, a "
                 "tokenizer_config.json of class Qwen2Tokenizer, and Qwen3's chat template with "
@@ -146,8 +171,8 @@ def _missing(kind: str, checkpoints: list[Path], why: str) -> str:
     return (f"the model needs a {LABELS[kind]} tokenizer, which its files do not hold, and none "
             f"was found: not set in model.tokenizer, not beside the file "
             f"({', '.join(places) or '-'}), not in the Hugging Face cache ({cached}).{why} Fetch "
-            f"it once with `{FETCH[kind]}`, or set model.tokenizer to a folder with the "
-            f"tokenizer files (a diffusers folder of the model also works).")
+            f"it once with `{FETCH[kind]}`{GATED.get(kind, '')}, or set model.tokenizer to a "
+            f"folder with the tokenizer files (a diffusers folder of the model also works).")
 
 
 def locate(kind: str, setting: Optional[str], checkpoint: CHECKPOINTS = None) -> Found:
@@ -172,24 +197,31 @@ def locate(kind: str, setting: Optional[str], checkpoint: CHECKPOINTS = None) ->
                                      if tokenizers.offline() else ""))
 
 
-def load(found: Found) -> Any:
-    """The ``Qwen2Tokenizer`` in ``found`` (the class both pipelines take)."""
-    from transformers import Qwen2Tokenizer
+def load(found: Found, kind: str = "qwen3") -> Any:
+    """The ``Qwen2Tokenizer`` in ``found`` (the class the Qwen pipelines take); for
+    "mistral3" what ``AutoTokenizer`` makes of the folder (as the ``PixtralProcessor`` that
+    ``Flux2Pipeline`` loads does: the class, and so the padding side, its files name), with the
+    folder's chat template."""
+    from transformers import AutoTokenizer, Qwen2Tokenizer
 
+    cls = AutoTokenizer if kind == "mistral3" else Qwen2Tokenizer
     try:
-        return Qwen2Tokenizer.from_pretrained(str(found.folder), local_files_only=True)
+        tokenizer = cls.from_pretrained(str(found.folder), local_files_only=True)
     except (OSError, ValueError, TypeError) as exc:
-        raise TokenizerNotFound(f"cannot load the Qwen tokenizer in {found.folder} "
+        raise TokenizerNotFound(f"cannot load the {LABELS[kind]} tokenizer in {found.folder} "
                                 f"({found.where}): {exc}") from None
+    if kind == "mistral3" and not tokenizer.chat_template:
+        tokenizer.chat_template = chat_template(found.folder)
+    return tokenizer
 
 
 def load_qwen_tokenizer(kind: str, setting: Optional[str], checkpoint: CHECKPOINTS = None
                         ) -> Any:
-    """The Qwen tokenizer of ``kind`` ("qwen3" / "qwen25vl"): ``setting`` is
+    """The tokenizer of ``kind`` ("qwen3" / "qwen25vl" / "mistral3"): ``setting`` is
     ``model.tokenizer``, ``checkpoint`` the single file(s) the model was given (the text
     encoder's first, then the others); raises :class:`TokenizerNotFound` (a ModelLoadError)
     saying where it looked and the ``hf download`` command that fetches it."""
-    return load(locate(kind, setting, checkpoint))
+    return load(locate(kind, setting, checkpoint), kind)
 
 
 def cache_report(cache_dir: Optional[str] = None) -> list[tuple[str, str]]:

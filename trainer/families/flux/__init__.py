@@ -18,7 +18,7 @@ from trainer.families.spec import ControlSpec, FamilySpec, Variant
 FLUX1 = FamilySpec(
     name="flux1", label="FLUX.1", folder="flux", denoiser="transformer", objective="flow",
     text_encoders=("clip_l", "t5xxl"), embedded="embedded:tiny-flux",
-    pipelines=("FluxPipeline",),
+    pipelines=("FluxPipeline",), train_blocks=("all", "single", "double"),
     variants=(Variant("dev", "FLUX.1-dev, guidance-distilled", "flux1-dev", 512),
               Variant("schnell", "FLUX.1-schnell", "flux1-schnell", 256)),
     part_settings={"vae": "model.ae", "clip_l": "model.clip_l", "t5xxl": "model.t5xxl"},
@@ -32,7 +32,7 @@ KONTEXT_AREA = 1024 * 1024
 FLUX1_KONTEXT = FamilySpec(
     name="flux1_kontext", label="FLUX.1 Kontext", folder="flux", denoiser="transformer",
     objective="flow", text_encoders=("clip_l", "t5xxl"), embedded="embedded:tiny-flux-kontext",
-    pipelines=("FluxKontextPipeline",),
+    pipelines=("FluxKontextPipeline",), train_blocks=("all", "single", "double"),
     variants=(Variant("dev", "FLUX.1 Kontext [dev]", "flux1-dev", 512),),
     part_settings={"vae": "model.ae", "clip_l": "model.clip_l", "t5xxl": "model.t5xxl"},
     kohya_version="flux1", textual_inversion=False,

@@ -8,7 +8,10 @@ from trainer.families.spec import FamilySpec, Variant
 FLUX2 = FamilySpec(
     name="flux2", label="FLUX.2", folder="flux2", denoiser="transformer", objective="flow",
     text_encoders=("qwen3",), embedded="embedded:tiny-flux2",
+    more_twins=("embedded:tiny-flux2-dev",),
     pipelines=("Flux2KleinPipeline", "Flux2Pipeline"),
+    continues_lora=True,  # network_weights: its lora role reads its and the peers' files
+    train_blocks=("all", "single", "double"),
     variants=(Variant("klein-4b", "FLUX.2 [klein] 4B", "flux2-klein-4b"),
               Variant("klein-9b", "FLUX.2 [klein] 9B", "flux2-klein-9b"),
               Variant("klein-base-4b", "FLUX.2 [klein] base 4B", "flux2-klein-4b"),

@@ -1,7 +1,8 @@
 """FLUX.2 as one file in Black Forest Labs' layout: what DreamBooth and ``merge`` write, what BFL
 ships (``flux-2-klein-4b.safetensors``: the transformer alone, bare keys) and, with every part,
 ComfyUI's all-in-one form (``model.diffusion_model.``, ``vae.``,
-``text_encoders.qwen3_4b.transformer.``; ``qwen3_8b`` for klein 9B).
+``text_encoders.qwen3_4b.transformer.``; ``qwen3_8b`` for klein 9B; dev's Mistral-Small-3 under
+``text_encoders.mistral3_24b.transformer.`` in ComfyUI's names, :mod:`.mistral`).
 
 The transformer's names are the inverse of diffusers' ``convert_flux2_transformer_checkpoint_to_
 diffusers`` (which reads them back): q, k, v fused into ``double_blocks.N.img_attn.qkv`` (the
@@ -118,6 +119,13 @@ def qwen3_tensors(text_encoder: torch.nn.Module, prefix: str = "") -> dict[str, 
     return {prefix + k: v for k, v in sd.items() if not (tied and k == "lm_head.weight")}
 
 
+def mistral_tensors(text_encoder: torch.nn.Module, prefix: str = "") -> dict[str, torch.Tensor]:
+    """dev's ``Mistral3ForConditionalGeneration`` in ComfyUI's names (:mod:`.mistral`)."""
+    from trainer.families.flux2.mistral import to_comfy
+
+    return {prefix + to_comfy(k): v for k, v in _weights(text_encoder).items()}
+
+
 def state_dict(components: Mapping[str, Any], parts: Iterable[str] = ("transformer",),
                variant: str = "klein-4b") -> dict[str, torch.Tensor]:
     """The tensors of ``parts`` (``transformer``, ``vae``, ``qwen3``): the transformer alone
@@ -131,7 +139,11 @@ def state_dict(components: Mapping[str, Any], parts: Iterable[str] = ("transform
            for k, v in bfl_tensors(components["transformer"]).items()}
     if "vae" in parts:
         out.update(vae_tensors(components["vae"], VAE))
-    if "qwen3" in parts:
+    if "qwen3" in parts and variant == "dev":
+        from trainer.families.flux2.mistral import PREFIX
+
+        out.update(mistral_tensors(components["text_encoder"], PREFIX))
+    elif "qwen3" in parts:
         text = TEXT.get(variant.replace("base-", ""), TEXT_DEFAULT)
         out.update(qwen3_tensors(components["text_encoder"], text))
     return out

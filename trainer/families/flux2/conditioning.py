@@ -1,11 +1,15 @@
-"""FLUX.2 klein's conditioning (Black Forest Labs 2025; diffusers' ``Flux2KleinPipeline``).
+"""FLUX.2's conditioning (Black Forest Labs 2025; diffusers' ``Flux2KleinPipeline`` for klein,
+``Flux2Pipeline`` for dev).
 
 The prompt goes through Qwen3's chat template (one user turn, the generation prompt,
 ``enable_thinking=False``: the empty think block), padded / cut to ``max_sequence_length`` (512)
 tokens and run with its attention mask; the hidden states of layers 9, 18 and 27 are stacked
 side by side per token (3 x 2560 = 7680 wide in klein 4B). Every position, padding included,
 goes to the transformer (no mask), as the pipeline hands it ``prompt_embeds``; the text's
-position ids are (0, 0, 0, l).
+position ids are (0, 0, 0, l). dev does the same with Mistral-Small-3 (the pipeline's
+``_get_mistral_3_small_prompt_embeds``): ``[IMG]`` stripped from the prompt, the pipeline's
+system message and the prompt as a system and a user turn through the chat template (padded /
+cut to 512), the hidden states of layers 10, 20 and 30 side by side (3 x 5120 = 15360).
 
 The latents are the VAE's 32 channels patchified 2x2 into 128 and normalized with the VAE's
 BatchNorm running statistics (the pipeline's ``_encode_vae_image``); ``encode_latents`` returns
@@ -14,7 +18,8 @@ loss masks of every family keep (the 2x2 patchify is a fixed permutation of the 
 noise drawn there is the pipeline's noise in its own order, and the loss is the same). The
 transformer reads them patchified and packed one token per patch with position ids
 (0, h, w, 0), the sigma itself as its timestep (the pipeline passes ``t / 1000``), no guidance
-(klein has no guidance embedder; dev's is given ``flow.guidance_scale``), and returns the
+(klein has no guidance embedder; dev's is given ``flow.guidance_scale``, FLUX.1's setting: 1.0,
+musubi-tuner's fixed training value; diffusers' example defaults to 3.5), and returns the
 velocity ``noise - latents``, unpatchified back.
 """
 
@@ -28,6 +33,8 @@ from trainer.families.flux2.detect import MAX_SEQUENCE_LENGTH
 from trainer.models.text_conditioning import TextConditioning
 
 OUT_LAYERS = (9, 18, 27)  # Flux2KleinPipeline.encode_prompt's text_encoder_out_layers
+DEV_OUT_LAYERS = (10, 20, 30)  # Flux2Pipeline.encode_prompt's
+DEV = "dev"  # the variant that reads Mistral-Small-3 (trainer/families/flux2/__init__.py)
 
 
 def qwen3_features(encoder: Any, tokenizer: Any, captions: list[str],
@@ -39,6 +46,18 @@ def qwen3_features(encoder: Any, tokenizer: Any, captions: list[str],
     return Flux2KleinPipeline._get_qwen3_prompt_embeds(
         encoder, tokenizer, captions, max_sequence_length=max_length,
         hidden_states_layers=OUT_LAYERS)
+
+
+def mistral_features(encoder: Any, tokenizer: Any, captions: list[str],
+                     max_length: int = MAX_SEQUENCE_LENGTH) -> torch.Tensor:
+    """[B, L, 3 x width]: dev's prompt encoding, the pipeline's own (its static
+    ``_get_mistral_3_small_prompt_embeds`` with its system message)."""
+    from diffusers import Flux2Pipeline
+    from diffusers.pipelines.flux2.system_messages import SYSTEM_MESSAGE
+
+    return Flux2Pipeline._get_mistral_3_small_prompt_embeds(
+        encoder, tokenizer, captions, max_sequence_length=max_length,
+        system_message=SYSTEM_MESSAGE, hidden_states_layers=DEV_OUT_LAYERS)
 
 
 def normalize_latents(vae: Any, latents: torch.Tensor) -> torch.Tensor:
@@ -72,7 +91,8 @@ def transformer_call(transformer: Any, latents: torch.Tensor, sigma: torch.Tenso
 
 
 class Flux2Family:
-    """FLUX.2 klein (4B, 9B, base): stacked Qwen3 features, patchified normalized latents."""
+    """FLUX.2 klein (4B, 9B, base) and dev: stacked Qwen3 (klein) or Mistral-Small-3 (dev)
+    features, patchified normalized latents."""
 
     name = "flux2"
     objective = "flow"
@@ -96,8 +116,8 @@ class Flux2Family:
 
     def encode(self, model: Any, captions: list[str], clip_skip: int) -> TextConditioning:
         length = getattr(model, "t5_max_length", 0) or MAX_SEQUENCE_LENGTH
-        return TextConditioning(qwen3_features(model.text_encoder, model.tokenizer, captions,
-                                               length))
+        features = mistral_features if model.variant == DEV else qwen3_features
+        return TextConditioning(features(model.text_encoder, model.tokenizer, captions, length))
 
     def encode_latents(self, vae: Any, pixels: torch.Tensor) -> torch.Tensor:
         """Pixels in [-1, 1] -> the normalized latents, [B, C, H/8, W/8] (the mode, as the
@@ -122,8 +142,12 @@ class Flux2Family:
         return Pipe._unpatchify_latents(out)
 
     def pipeline(self, model: Any, denoiser: Any, scheduler: Any) -> Any:
-        from diffusers import Flux2KleinPipeline
+        from diffusers import Flux2KleinPipeline, Flux2Pipeline
 
+        if model.variant == DEV:
+            return Flux2Pipeline(scheduler=scheduler, vae=model.vae,
+                                 text_encoder=model.text_encoder, tokenizer=model.tokenizer,
+                                 transformer=denoiser)
         return Flux2KleinPipeline(scheduler=scheduler, vae=model.vae,
                                   text_encoder=model.text_encoder, tokenizer=model.tokenizer,
                                   transformer=denoiser,

@@ -30,21 +30,23 @@ from trainer.families.spec import Found
 DIT_PREFIX = "model.diffusion_model."
 VAE_PREFIX = "vae."
 TEXT_PREFIXES = ("text_encoders.qwen3_4b.transformer.", "text_encoders.qwen3_8b.transformer.")
+MISTRAL_PREFIX = "text_encoders.mistral3_24b.transformer."
+MISTRAL_MARKER = "model.layers.0.post_attention_layernorm.weight"
 BFL_MARKER = "double_stream_modulation_img.lin.weight"
 DIFFUSERS_MARKER = "double_stream_modulation_img.linear.weight"
 VAE_MARKER = "decoder.conv_in.weight"
 TEXT_MARKER = "model.layers.0.self_attn.q_norm.weight"
-# the setting and the file that give a part a transformer-only file lacks
+# the setting and the file that give a part a transformer-only file lacks ("qwen3" is the
+# family's text-encoder part: Qwen3 for klein, Mistral-Small-3 for dev)
 PART_FILES = {"vae": ("model.ae", "flux2-vae.safetensors"),
               "qwen3": ("model.text_encoder", "qwen_3_4b.safetensors (qwen_3_8b.safetensors for "
                                               "klein 9B)")}
+DEV_TEXT_FILE = "mistral_3_small_flux2_bf16.safetensors (or _fp8)"
 WIDTHS = {3072: "klein-4b", 4096: "klein-9b", 6144: "dev"}
 LABELS = {"klein-4b": "FLUX.2 [klein] 4B", "klein-9b": "FLUX.2 [klein] 9B", "dev": "FLUX.2 [dev]",
           "klein-base-4b": "FLUX.2 [klein] base 4B", "klein-base-9b": "FLUX.2 [klein] base 9B"}
 PIPELINES = ("Flux2KleinPipeline", "Flux2Pipeline")
 MAX_SEQUENCE_LENGTH = 512  # the pipelines' max_sequence_length
-DEV_REFUSED = ("FLUX.2 [dev] (Mistral-Small-3 text encoder) is not trained here yet; use "
-               "FLUX.2 [klein] 4B or 9B (black-forest-labs/FLUX.2-klein-base-4B)")
 # (BFL name, diffusers name) of what the config is read from
 NAMES = {"bfl": {"img_in": "img_in.weight", "txt_in": "txt_in.weight",
                  "double": "double_blocks.", "single": "single_blocks.",
@@ -78,7 +80,9 @@ class Flux2FileInfo:
         """What the file holds and the settings that name the parts it lacks (the doctor)."""
         order = ("transformer", "vae", "qwen3")
         lines = ["holds: " + ", ".join(p for p in order if p in self.parts_inside)]
-        return lines + [f"set {PART_FILES[p][0]} to {PART_FILES[p][1]}"
+        files = {**PART_FILES, "qwen3": ("model.text_encoder", DEV_TEXT_FILE)} \
+            if self.variant == "dev" else PART_FILES
+        return lines + [f"set {files[p][0]} to {files[p][1]}"
                         for p in order[1:] if p not in self.parts_inside]
 
 
@@ -146,6 +150,9 @@ def header_info(tensors: Mapping[str, Any]) -> Optional[Flux2FileInfo]:
         if candidate + TEXT_MARKER in keys:
             parts.add("qwen3")
             text_prefix = candidate
+    if MISTRAL_PREFIX + MISTRAL_MARKER in keys:
+        parts.add("qwen3")
+        text_prefix = MISTRAL_PREFIX
     dtype = tensors[prefix + NAMES[layout]["mlp"]]["dtype"]
     return Flux2FileInfo(layout, prefix, frozenset(parts), dtype, config, variant_of(config),
                          text_prefix=text_prefix)

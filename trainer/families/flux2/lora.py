@@ -33,6 +33,13 @@ import torch
 
 from trainer.export.lora import _check_exportable, iter_lora_layers
 from trainer.export.names import kohya_module_name, unwrap
+from trainer.families.common.lora_forms import (
+    Fused,
+    fuse_parts,
+    fused_units,
+    kohya_form,
+    split_units,
+)
 from trainer.families.common.lora_fuse import fuse
 
 UNET_PREFIX = "lora_unet"
@@ -169,6 +176,25 @@ def save_run_lora(path: Any, tensors: dict[str, torch.Tensor], model: Any, cfg: 
             "ss_discrete_flow_shift": str(float(f.discrete_flow_shift)),
             "ss_weighting_scheme": str(f.weighting_scheme)}
     return save_lora_file(path, tensors, model, {**metadata, **flow})
+
+
+# --- the peers' files: network.network_weights and the tools ------------------------------------
+FUSED = tuple(Fused(f"{kind}_blocks", block, fused_units(table)) for kind, block, table in BLOCKS)
+
+
+def network_weights_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A FLUX.2 LoRA file's tensors as one LoRA per diffusers layer (``lora_unet_`` + its path,
+    what :mod:`trainer.methods.lora_weights` loads): ours and musubi-tuner's BFL kohya names
+    (a fused ``qkv`` split: block-diagonal by its rank columns, dense with the whole
+    ``lora_down``), ai-toolkit's ``diffusion_model.<BFL path>`` and diffusers' example's
+    ``transformer.<path>`` peft keys (scale 1)."""
+    return split_units(kohya_form(tensors), FUSED)
+
+
+def own_form_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A FLUX.2 LoRA file of any writer in this family's own form (BFL kohya names with alpha,
+    split layers fused block-diagonally): what resize writes."""
+    return fuse_parts(kohya_form(tensors), FUSED)
 
 
 # --- LyCORIS (trainer/export/flow_lycoris.py) ----------------------------------------------------

@@ -1,9 +1,12 @@
-"""FLUX.2 klein from the split files people download: the diffusion model
-(``flux-2-klein-4b.safetensors``, BFL layout, bare or under ``model.diffusion_model.``, or the
-diffusers layout; bf16, plain fp8 or ComfyUI's scaled fp8 / fp8mixed), the Qwen3 text-encoder
-file that ``model.text_encoder`` names (``qwen_3_4b.safetensors``, ``qwen_3_8b.safetensors`` for
-9B) and the VAE file of ``model.ae`` (``flux2-vae.safetensors``); or one all-in-one file holding
-them (``vae.``, ``text_encoders.qwen3_4b.transformer.``).
+"""FLUX.2 from the split files people download: the diffusion model
+(``flux-2-klein-4b.safetensors``, ``flux2_dev_fp8mixed.safetensors``; BFL layout, bare or under
+``model.diffusion_model.``, or the diffusers layout; bf16, plain fp8 or ComfyUI's scaled fp8 /
+fp8mixed), the text-encoder file that ``model.text_encoder`` names (Qwen3 for klein:
+``qwen_3_4b.safetensors``, ``qwen_3_8b.safetensors`` for 9B; Mistral-Small-3 for dev:
+``mistral_3_small_flux2_bf16.safetensors`` / ``_fp8``, :mod:`.mistral`) and the VAE file of
+``model.ae`` (``flux2-vae.safetensors``); or one all-in-one file holding them (``vae.``,
+``text_encoders.qwen3_4b.transformer.`` / ``text_encoders.mistral3_24b.transformer.``). The
+variant (klein 4B / 9B / dev) is read from the header's shapes.
 
 The transformer is built on the meta device from its config (``model.config_dir``'s, else the
 shipped ``trainer/assets/families/flux2-klein-*``, with the header's widths and depths) and
@@ -18,15 +21,14 @@ transformer is never held in the compute dtype. Qwen3 is filled the same way (in
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
+from trainer.families.common.streaming import fill_from, finish, open_reader
 from trainer.families.flux2.detect import (
-    DEV_REFUSED,
+    DEV_TEXT_FILE,
     LABELS,
     MAX_SEQUENCE_LENGTH,
     TEXT_PREFIXES,
@@ -39,66 +41,12 @@ from trainer.families.flux2.detect import (
 from trainer.families.spec import ModelLoadError
 
 FIELD = "model.pretrained_model_name_or_path"
-GROUP_BYTES = 256 * 2**20
 TEXT_MARK = "layers.0.self_attn.q_norm.weight"
 FILES = {"model.ae": "flux2-vae.safetensors (Comfy-Org/Flux-2-Klein split_files/vae/, or "
                      "ae.safetensors of black-forest-labs/FLUX.2-dev)",
          "model.text_encoder": "qwen_3_4b.safetensors for klein 4B, qwen_3_8b.safetensors for "
-                               "9B (Comfy-Org/Flux-2-Klein split_files/text_encoders/)"}
-
-
-def _reader(path: Path, dtype: torch.dtype) -> Any:
-    from trainer.families.common.comfy_quant import ComfyQuantReader
-
-    return ComfyQuantReader(path, dtype)
-
-
-def _groups(reader: Any, keys: list[str]) -> Any:
-    group, size = [], 0
-    for key in keys:
-        group.append(key)
-        size += 4 * math.prod(reader.entries[key]["shape"])
-        if size >= GROUP_BYTES:
-            yield group
-            group, size = [], 0
-    if group:
-        yield group
-
-
-def fill_from(module: torch.nn.Module, reader: Any, keys: list[str], strip: str,
-              convert: Optional[Callable[[dict], dict]], dtype: torch.dtype, fp8: bool,
-              where: str, what: str) -> torch.nn.Module:
-    """``module`` (meta-built) filled from ``keys`` of the file, group by group."""
-    from diffusers.models.model_loading_utils import load_model_dict_into_meta
-
-    from trainer.families.common.mmdit_parts import fail
-    from trainer.models.memory import fp8_storage
-    from trainer.models.streamed_load import fill
-
-    storage = fp8_storage(dtype)
-    stored = storage.select(module) if fp8 else set()
-    wanted = set(module.state_dict())
-    try:
-        for group in _groups(reader, keys):
-            tensors = {k[len(strip):]: reader.read(k) for k in group}
-            tensors = convert(tensors) if convert else tensors
-            fill(module, {k: v for k, v in tensors.items() if k in wanted}, stored, storage,
-                 load_model_dict_into_meta, dtype=dtype)
-    except Exception as exc:  # noqa: BLE001 - shapes, names
-        raise fail(where, what, exc) from None
-    return module
-
-
-def finish(module: torch.nn.Module, dtype: torch.dtype, fp8: bool, where: str, what: str
-           ) -> torch.nn.Module:
-    from trainer.families.common.mmdit_parts import complete
-    from trainer.models.memory import store_fp8, to_compute_dtype
-
-    to_compute_dtype(module, dtype)
-    module = complete(module, what, where)
-    if fp8:
-        store_fp8(module.requires_grad_(False), dtype)
-    return module
+                               "9B (Comfy-Org/Flux-2-Klein split_files/text_encoders/), "
+                               f"{DEV_TEXT_FILE} for dev (Comfy-Org/Flux-2-Dev)"}
 
 
 def _config(root: Path, part: str) -> dict[str, Any]:
@@ -122,7 +70,7 @@ def build_transformer(path: Path, info: Flux2FileInfo, root: Path, dtype: torch.
         from trainer.families.common.mmdit_parts import fail
 
         raise fail(where, "transformer", exc) from None
-    reader = _reader(path, dtype)
+    reader = open_reader(path, dtype)
     others = (VAE_PREFIX, "text_encoders.")
     keys = [k for k in reader.entries if k.startswith(info.prefix) and not k.startswith(others)]
     module = fill_from(module, reader, keys, info.prefix,
@@ -140,7 +88,7 @@ def build_text_encoder(path: Path, setting: str, root: Path, dtype: torch.dtype,
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     where = f"{setting} = {str(path)!r}"
-    reader = _reader(path, dtype)
+    reader = open_reader(path, dtype)
     prefix = next((p for p in (*TEXT_PREFIXES, "") if p + "model." + TEXT_MARK in reader.entries),
                   None)
     if prefix is None:
@@ -163,7 +111,7 @@ def build_vae(path: Path, setting: str, root: Path, dtype: torch.dtype) -> torch
     from trainer.families.common.mmdit_parts import fail
 
     where = f"{setting} = {str(path)!r}"
-    reader = _reader(path, dtype)
+    reader = open_reader(path, dtype)
     prefix = next((p for p in ("", VAE_PREFIX) if p + "decoder.conv_in.weight" in reader.entries
                    and p + "bn.running_mean" in reader.entries), None)
     if prefix is None:
@@ -208,18 +156,17 @@ def _root(section: Any, variant: str) -> Path:
 
 def load_single_file(path: Path, section: Any, *, dtype: Any = None, text_frozen: bool = False,
                      defer_denoiser: bool = False, fresh: bool = True) -> dict[str, Any]:
-    """The BaseModel fields of a FLUX.2 klein file and the part files its settings name."""
+    """The BaseModel fields of a FLUX.2 file and the part files its settings name."""
     from diffusers import FlowMatchEulerDiscreteScheduler
 
     from trainer.families.common.files import read_safetensors_header
     from trainer.families.common.qwen_tokenizers import load_qwen_tokenizer
+    from trainer.families.flux2.mistral import build_mistral
 
     dtype = dtype or torch.float32
     info = header_info(read_safetensors_header(path).tensors)
     if info is None:
         raise ModelLoadError(f"{FIELD} = {str(path)!r}: no FLUX.2 transformer in it")
-    if info.variant == "dev":
-        raise ModelLoadError(f"{FIELD} = {str(path)!r}: {DEV_REFUSED}")
     if section.vae:
         raise ModelLoadError(f"model.vae is set, but {FIELD} is a FLUX.2 file: name its "
                              f"autoencoder with model.ae")
@@ -231,14 +178,17 @@ def load_single_file(path: Path, section: Any, *, dtype: Any = None, text_frozen
     fp8 = fresh and section.base_precision == "fp8"
     build = lambda d: build_transformer(path, info, root, d, fp8)  # noqa: E731
     text_setting = "model.text_encoder" if text_file != path else FIELD
-    text_encoder = build_text_encoder(text_file, text_setting, root, dtype,
-                                      fresh and section.fp8_text_encoders and text_frozen)
+    fp8_text = fresh and section.fp8_text_encoders and text_frozen
+    dev = variant == "dev"
+    text_encoder = build_mistral(text_file, text_setting, root, dtype, fp8_text, text_frozen) \
+        if dev else build_text_encoder(text_file, text_setting, root, dtype, fp8_text)
     return dict(
         denoiser=None if defer_denoiser else build(dtype),
         build_denoiser=build if defer_denoiser else None,
         vae=build_vae(vae_file, "model.ae" if vae_file != path else FIELD, root, dtype),
         text_encoder=text_encoder,
-        tokenizer=load_qwen_tokenizer("qwen3", section.tokenizer, [text_file, path]),
+        tokenizer=load_qwen_tokenizer("mistral3" if dev else "qwen3", section.tokenizer,
+                                      [text_file, path]),
         noise_scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(
             str(root / "scheduler"), local_files_only=True),
         version="flux2", variant=variant, prediction_type="flow", source=str(path),

@@ -14,21 +14,20 @@ Its LoRA trains no text encoder (Qwen3): no ``lora_te`` names.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
 from trainer.export.names import kohya_module_name
 from trainer.families.flux2.lora import UNET_PREFIX, part_modules
-from trainer.tools.flow_targets import group
+from trainer.tools.flow_targets import bfl_gated_mlp, group
 from trainer.tools.targets import Target
 
 LABEL = "FLUX.2"
-# its kohya files' block names are FLUX.1's (BFL's): such a file is told FLUX.2 by its
-# metadata (ss_base_model_version = flux2) and its names stay FLUX.1's; the one name only
-# FLUX.2 has is the fused single-block projection of diffusers' own form (the
-# train_dreambooth_lora_flux2*.py examples' files)
+# its kohya and ai-toolkit files name Black Forest Labs' blocks as FLUX.1's and Chroma's do: their
+# MLP's shapes tell it (:func:`tells`); diffusers' form has layers no other family has
 BLOCK_PREFIXES = ("lora_transformer_single_transformer_blocks_0_attn_to_qkv_mlp_proj",)
+MARKERS = ("_attn_to_qkv_mlp_proj", "_ff_linear_in", "_ff_linear_out", "_ff_context_linear_")
 FILE_FORM = "kohya"  # the form of its LoRA files (trainer/tools/flow_extract.py)
 TRAINS_T5 = False
 
@@ -46,3 +45,8 @@ def trained_targets(transformer: torch.nn.Module) -> list[Target]:
 
 def text_targets(model: Any) -> list[tuple[Target, list[str]]]:
     return []
+
+
+def tells(modules: dict[str, Any]) -> Optional[str]:
+    """Why a file of BFL block names is FLUX.2's (its gated MLP's shapes), or None."""
+    return "block names with a gated MLP (FLUX.2's shapes)" if bfl_gated_mlp(modules) else None

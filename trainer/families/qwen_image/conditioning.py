@@ -7,7 +7,8 @@ into 2x2 patches with their grid as ``img_shapes`` and the sigma as its timestep
 passes ``t / 1000``). The VAE's latents are 5-D (a frame axis) and normalized per channel,
 ``(z - latents_mean) / latents_std`` (:meth:`QwenImageFamily.encode_latents`; the pipeline's
 decode inverts it): the step, the caches and the validation loss hold them 4-D, the frame axis
-dropped.
+dropped. The edit variants (Edit, 2509, 2511) read control images too
+(:mod:`trainer.families.qwen_image.edit`): in the text encoder and beside the target's tokens.
 """
 
 from __future__ import annotations
@@ -56,8 +57,17 @@ class QwenImageFamily:
     def t5_slot(self) -> Optional[str]:
         return None
 
-    def encode(self, model: Any, captions: list[str], clip_skip: int) -> TextConditioning:
-        """``QwenImagePipeline.encode_prompt`` (``clip_skip`` does not apply)."""
+    def encode(self, model: Any, captions: list[str], clip_skip: int,
+               controls: Optional[list[torch.Tensor]] = None) -> TextConditioning:
+        """``QwenImagePipeline.encode_prompt`` (``clip_skip`` does not apply); with
+        ``controls`` (an edit model's pixels, one [B, 3, H, W] per reference index), the edit
+        pipelines' (:func:`~trainer.families.qwen_image.edit.encode_edit`)."""
+        from trainer.families.qwen_image import edit
+
+        if controls or edit.is_edit(getattr(model, "variant", "base")):
+            edit.check_controls(model.variant, model.description or model.variant,
+                                len(controls or ()))
+            return edit.encode_edit(model, captions, controls)
         encoder, tokenizer = model.text_encoder, model.tokenizer
         ids = tokenizer([TEMPLATE.format(c) for c in captions], max_length=TOKENIZER_MAX + DROP,
                         padding=True, truncation=True, return_tensors="pt").to(encoder.device)
@@ -68,6 +78,15 @@ class QwenImageFamily:
                 for h, m in zip(hidden, ids.attention_mask)]
         return TextConditioning.padded(rows)
 
+    def control_problems(self, model: Any, counts: list[int]) -> list[str]:
+        """What the loaded variant cannot train of the training images' control counts
+        (Edit: one; 2509, 2511: one to three; the others none), checked when the run starts."""
+        from trainer.families.qwen_image.edit import control_problem
+
+        label = model.description or model.variant
+        return list(dict.fromkeys(p for c in counts
+                                  if (p := control_problem(model.variant, label, c))))
+
     def encode_latents(self, vae: Any, pixels: torch.Tensor) -> torch.Tensor:
         """Pixels [B, 3, H, W] in [-1, 1] -> normalized latents [B, 16, H/8, W/8] (the mode)."""
         z = vae.encode(pixels.to(vae.device, vae.dtype).unsqueeze(2)).latent_dist.mode()[:, :, 0]
@@ -76,23 +95,31 @@ class QwenImageFamily:
 
     def predict(self, model: Any, noisy: torch.Tensor, t: torch.Tensor,
                 text: TextConditioning, size_ids: Optional[torch.Tensor], cfg: Any = None,
-                denoiser: Any = None) -> torch.Tensor:
+                denoiser: Any = None, controls: Optional[list[torch.Tensor]] = None
+                ) -> torch.Tensor:
         """The transformer's output for ``noisy`` [B, C, h, w] at sigmas ``t`` [B], as the
-        pipeline calls it, unpacked back to the latents' shape."""
+        pipeline calls it, unpacked back to the latents' shape. ``controls``: an edit model's
+        reference latents (one [B, C, h', w'] per index), packed after the target's tokens
+        with their own ``img_shapes``; the output keeps the target's tokens."""
         from diffusers import QwenImagePipeline
+
+        from trainer.families.qwen_image.edit import pack_with_controls
 
         transformer = denoiser if denoiser is not None else model.denoiser
         b, c, h, w = noisy.shape
-        packed = QwenImagePipeline._pack_latents(noisy, b, c, h, w)
+        packed, shapes, tokens = pack_with_controls(noisy, controls or [])
         mask = text.mask
         if mask is not None and bool(mask.all()):
             mask = None  # as encode_prompt gives it when no caption is padded
         out = transformer(hidden_states=packed, timestep=t.to(noisy.dtype),
                           encoder_hidden_states=text.hidden, encoder_hidden_states_mask=mask,
-                          img_shapes=[[(1, h // 2, w // 2)]] * b, return_dict=False)[0]
-        return QwenImagePipeline._unpack_latents(out, h, w, 1)[:, :, 0]
+                          img_shapes=shapes, return_dict=False)[0]
+        return QwenImagePipeline._unpack_latents(out[:, :tokens], h, w, 1)[:, :, 0]
 
     def pipeline(self, model: Any, denoiser: Any, scheduler: Any) -> Any:
+        """The samples' pipeline: ``QwenImagePipeline``, for the edit variants too (a sample
+        prompt names no control image yet, and the edit pipelines need one: an edit model's
+        samples are drawn from the prompt alone)."""
         from diffusers import QwenImagePipeline
 
         return QwenImagePipeline(scheduler=scheduler, vae=model.vae,

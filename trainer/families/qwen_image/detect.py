@@ -57,7 +57,7 @@ class QwenFileInfo:
 
     @property
     def trainable(self) -> bool:
-        return self.variant == "base"
+        return self.variant in ("base", "edit-2511")  # Edit and 2509 files read as "base"
 
     def part_lines(self) -> list[str]:
         """The doctor's lines: what the file holds, the settings that name the rest."""
@@ -68,7 +68,7 @@ class QwenFileInfo:
             if part not in self.parts:
                 lines.append(f"set {setting} to {name} (Comfy-Org/Qwen-Image_ComfyUI)")
         if not self.trainable:
-            lines.append(f"{self.label} does not train yet (its control images)")
+            lines.append(f"{self.label} does not train yet")
         return lines
 
 

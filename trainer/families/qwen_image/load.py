@@ -1,8 +1,10 @@
 """Qwen-Image as the loader reads it: a diffusers folder (``QwenImagePipeline``, through
 diffusers' own ``from_pretrained``), or the split files as ComfyUI users download them
 (:mod:`trainer.families.qwen_image.single_file`). Each function returns the fields of
-:class:`trainer.models.loader.BaseModel`. The edit variants (Edit, 2509, 2511) are named and
-refused: their training (a control image beside the target) is not built yet."""
+:class:`trainer.models.loader.BaseModel`. An edit variant's folder (Edit, 2509, 2511) loads with
+its processor (:mod:`trainer.families.qwen_image.edit`); a 2511 single file with the shipped
+processor (ComfyUI's files hold none); Edit and 2509 files have the base model's keys, so they
+load as Qwen-Image (ComfyUI tells them apart by the workflow, not the file)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.families.qwen_image.detect import LABELS, folder_variant
+from trainer.families.qwen_image.edit import PIPELINES, is_edit, load_processor
 from trainer.families.qwen_image.single_file import check_version, refuse_variant
 from trainer.families.spec import ModelLoadError
 
@@ -26,18 +29,31 @@ def load_folder(path: Path, section: Any, name: str = "qwen_image") -> dict[str,
     config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
     variant = folder_variant(index, config)
     check_version(path, section, f"a {LABELS[variant]} pipeline")
-    refuse_variant(path, variant)
+    if not is_edit(variant):
+        refuse_variant(path, variant)
     if section.vae:
         raise ModelLoadError(f"model.vae is set, but {FIELD} is a Qwen-Image folder, whose VAE "
                              f"is its own; unset model.vae")
     try:
-        parts = diffusers.QwenImagePipeline.from_pretrained(path, local_files_only=True).components
+        pipeline = getattr(diffusers, PIPELINES.get(variant, "QwenImagePipeline"))
+        parts = pipeline.from_pretrained(
+            path, local_files_only=True, **_processor(path, variant)).components
     except (OSError, ValueError, KeyError) as exc:
         raise ModelLoadError(f"{FIELD} = {str(path)!r}: cannot load the diffusers folder "
                              f"({exc})") from None
     return dict(denoiser=parts.pop("transformer"), noise_scheduler=parts.pop("scheduler"),
                 **parts, version="qwen_image", variant=variant, prediction_type="flow",
                 source=str(path), name=path.name, description=LABELS[variant])
+
+
+def _processor(path: Path, variant: str) -> dict[str, Any]:
+    """An edit folder's processor, read without torchvision (edit.load_processor)."""
+    if not is_edit(variant):
+        return {}
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(path / "tokenizer"), local_files_only=True)
+    return {"tokenizer": tokenizer, "processor": load_processor(path, tokenizer)}
 
 
 def load_file(path: Path, section: Any, *, dtype: Any = None, t5_frozen: bool = False,

@@ -31,6 +31,7 @@ import torch
 
 from trainer.export.lora import module_lora_tensors
 from trainer.export.names import unwrap
+from trainer.families.common.lora_forms import kohya_form
 
 UNET_PREFIX = "lora_unet"
 ATTENTION = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj",
@@ -127,34 +128,38 @@ def save_run_lora(path: Any, tensors: dict[str, torch.Tensor], model: Any, cfg: 
                   base: dict[str, Any]) -> Any:
     """Write the run's LoRA file: ``tensors``, :func:`run_metadata`, the ``sshs_*`` hashes."""
     from trainer.export.hashes import add_hashes
+    from trainer.families.qwen_image.edit import variant_metadata
     from trainer.system.safe_write import save_safetensors_atomic
 
     if not tensors:
         raise ValueError(f"{path}: no LoRA tensors to save")
     meta = run_metadata(cfg, base)
+    meta.update(variant_metadata(getattr(model, "variant", "base")))  # an edit model's
     return save_safetensors_atomic(path, tensors, add_hashes(meta, tensors))
 
 
-# the peers' other forms (ai-toolkit: ``diffusion_model.<path>.lora_A/B``, ComfyUI's dotted
-# name; diffusers' example: ``transformer.<path>``), no alpha: scale 1
-PEFT_PREFIXES = ("diffusion_model.", "transformer.")
-PEFT_SUFFIXES = {".lora_A.weight": ".lora_down.weight", ".lora_B.weight": ".lora_up.weight"}
+def save_lora_file(path: Any, tensors: dict[str, torch.Tensor], model: Any,
+                   metadata: dict[str, Any]) -> Any:
+    """Write a Qwen-Image LoRA that no run made (a resized or extracted one): ``metadata`` with
+    the keys that tell its family, and the hashes."""
+    from trainer.export.hashes import add_hashes
+    from trainer.system.safe_write import save_safetensors_atomic
+
+    meta = {k: str(v) for k, v in metadata.items() if k not in HASH_KEYS}
+    meta.update({"ss_base_model_version": BASE_MODEL_VERSION, "ss_v2": "False",
+                 "modelspec.architecture": f"{ARCHITECTURE}/lora",
+                 "modelspec.implementation": IMPLEMENTATION})
+    meta.setdefault("modelspec.sai_model_spec", "1.0.1")
+    return save_safetensors_atomic(path, tensors, add_hashes(meta, tensors))
 
 
 def network_weights_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A Qwen-Image LoRA file's tensors in the kohya form this studio and musubi-tuner write
-    (``network.network_weights`` reads them so): the PEFT forms renamed, with ``alpha`` = rank
-    where the file has none (their scale 1); kohya keys as they are."""
-    out: dict[str, torch.Tensor] = {}
-    for key, value in tensors.items():
-        suffix = next((s for s in PEFT_SUFFIXES if key.endswith(s)), None)
-        prefix = next((p for p in PEFT_PREFIXES if key.startswith(p)), None)
-        if suffix is None and not (prefix and key.endswith(".alpha")):
-            out[key] = value
-            continue
-        path = key[len(prefix or ""): -len(suffix or ".alpha")]
-        name = UNET_PREFIX + "_" + path.replace(".", "_")
-        out[name + (PEFT_SUFFIXES[suffix] if suffix else ".alpha")] = value
-        if suffix == ".lora_A.weight" and (prefix or "") + path + ".alpha" not in tensors:
-            out[name + ".alpha"] = torch.tensor(float(value.shape[0]))
-    return out
+    (``network.network_weights`` reads them so): the peers' peft forms (ai-toolkit's
+    ``diffusion_model.<path>.lora_A/B``, diffusers' example's ``transformer.<path>``) renamed,
+    with ``alpha`` = rank where the file has none (their scale 1); kohya keys as they are.
+    Nothing is fused: the original names are diffusers'."""
+    return kohya_form(tensors)
+
+
+own_form_tensors = network_weights_tensors  # what resize writes: the same kohya form

@@ -25,7 +25,7 @@ from typing import Any, Optional
 import torch
 
 from trainer.families.common.mmdit_parts import Weights, complete, fail
-from trainer.families.qwen_image.detect import LABELS, QwenFileInfo
+from trainer.families.qwen_image.detect import EDIT_2511, LABELS, QwenFileInfo
 from trainer.families.qwen_image.layout import TEXT, VAE, wan_vae_name
 from trainer.families.spec import ASSETS, ModelLoadError
 
@@ -77,7 +77,10 @@ def build_transformer(path: Path, info: QwenFileInfo, root: Path, dtype: torch.d
 
     reader = ComfyQuantReader(path, dtype)  # ComfyUI's scaled fp8 read as fp8 * scale
     keys = [k for k in reader.entries if k.startswith(info.prefix)
-            and not (not info.prefix and k.startswith((VAE, TEXT)))]
+            and not (not info.prefix and k.startswith((VAE, TEXT)))
+            and k != info.prefix + EDIT_2511]  # ComfyUI's marker, no weight
+    # 2511 gives its reference tokens the zero timestep (diffusers' zero_cond_t)
+    extra = {"zero_cond_t": True} if info.variant == "edit-2511" else {}
     where = f"{FIELD} = {str(path)!r}"
     storage = fp8_storage(dtype) if fp8 else None
 
@@ -85,7 +88,7 @@ def build_transformer(path: Path, info: QwenFileInfo, root: Path, dtype: torch.d
         tensors = {k[len(info.prefix):]: v for k, v in tensors.items()}
         return QwenImageTransformer2DModel.from_single_file(
             tensors, config=str(root), subfolder="transformer", local_files_only=True,
-            torch_dtype=dtype if storage is None else None)
+            torch_dtype=dtype if storage is None else None, **extra)
 
     try:
         module = load_streamed(reader, keys, build, storage, dtype)
@@ -175,12 +178,24 @@ def build_text_encoder(weights: Weights, root: Path, dtype: torch.dtype,
 
 
 def refuse_variant(path: Path, variant: str) -> None:
-    """A clear refusal of the variants that do not train yet."""
-    if variant != "base":
+    """A clear refusal of the variants that do not train from a file (Layered)."""
+    if variant not in ("base", "edit-2511"):
         raise ModelLoadError(f"{FIELD} = {str(path)!r} is {LABELS[variant]}: training the "
-                             f"Qwen-Image edit and layered variants (a control image beside "
-                             f"each target) is not supported yet; use Qwen-Image or "
-                             f"Qwen-Image-2512")
+                             f"Qwen-Image layered variant is not supported yet; use "
+                             f"Qwen-Image, Qwen-Image-2512 or an edit model")
+
+
+def processor_fields(variant: str, config_dir: Optional[str], tokenizer: Any) -> dict[str, Any]:
+    """An edit file's processor (none ships in a ComfyUI file): ``model.config_dir``'s
+    ``processor/``, else the shipped one (Qwen2.5-VL-7B-Instruct's image processor)."""
+    from trainer.families.qwen_image.edit import is_edit, load_processor
+
+    if not is_edit(variant):
+        return {}
+    root = Path(config_dir).expanduser() if config_dir else SHIPPED
+    if not (root / "processor" / "preprocessor_config.json").is_file():
+        root = SHIPPED
+    return {"processor": load_processor(root, tokenizer)}
 
 
 def check_version(path: Path, section: Any, what: str) -> None:
@@ -237,10 +252,12 @@ def load_qwen_file(path: Path, section: Any, *, dtype: Any = None, defer_denoise
     def later(build_dtype: torch.dtype) -> Any:
         return build_transformer(path, info, root, build_dtype, fp8)
 
+    tokenizer = load_qwen_tokenizer("qwen25vl", section.tokenizer,
+                                    [p for p in (section.text_encoder, path) if p])
     return dict(denoiser=None if defer_denoiser else later(dtype),
                 build_denoiser=later if defer_denoiser else None, vae=vae,
-                text_encoder=encoder, tokenizer=load_qwen_tokenizer(
-                    "qwen25vl", section.tokenizer, [p for p in (section.text_encoder, path) if p]),
+                text_encoder=encoder, tokenizer=tokenizer,
+                **processor_fields(info.variant, section.config_dir, tokenizer),
                 noise_scheduler=scheduler(), version="qwen_image", variant=info.variant,
                 prediction_type="flow", source=str(path), name=path.stem,
                 description=info.description)

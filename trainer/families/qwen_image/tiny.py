@@ -10,6 +10,11 @@ vision tower, so that the file layout is the real one) over the tiny Qwen tokeni
 block layout (``dim_mult`` of four, two residual blocks: the Wan 2.1 layout that diffusers'
 ``convert_wan_vae_to_diffusers`` and ComfyUI read) at a small width, with the real per-channel
 ``latents_mean`` / ``latents_std`` (the class's defaults); the real scheduler config.
+
+Its edit twin (``embedded:tiny-qwen-image-edit``) is the same components as a
+``QwenImageEditPipeline`` folder, with the processor the edit pipelines read the control image
+through: Qwen2-VL's PIL image processor (patch 14, merge 2, as Qwen2.5-VL's; fewer pixels at
+most, so that a control is a few tokens) over the tiny tokenizer.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from trainer.families.spec import ASSETS
 TEXT_WIDTH = 32  # Qwen2.5-VL-7B: 3584
 ROPE_AXES = (4, 6, 6)  # (16, 56, 56) in Qwen-Image: sum = attention_head_dim
 BUILDER = "tiny-qwen-image"
+EDIT_BUILDER = "tiny-qwen-image-edit"
+EDIT_MAX_PIXELS = 28 * 28 * 16  # Qwen2.5-VL's processor: 28 * 28 * 16384
 TINY_SEED = 0  # the other twins' seed (trainer/families/sd/tiny.py)
 
 
@@ -86,14 +93,51 @@ def build_components(seed: int = TINY_SEED) -> dict:
             "tokenizer": tokenizer, "scheduler": scheduler()}
 
 
-def save(path: str | Path, seed: int = TINY_SEED) -> Path:
-    """Write the tiny Qwen-Image as a diffusers folder with ``embedded.json``."""
+def image_processor():
+    """Qwen2.5-VL's image processor (its mean, std, patch and merge sizes), the PIL one."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil,
+    )
+
+    return Qwen2VLImageProcessorPil(
+        min_pixels=56 * 56, max_pixels=EDIT_MAX_PIXELS, patch_size=14, merge_size=2,
+        temporal_patch_size=2, image_mean=[0.48145466, 0.4578275, 0.40821073],
+        image_std=[0.26862954, 0.26130258, 0.27577711])
+
+
+def build_edit_components(seed: int = TINY_SEED) -> dict:
+    """The tiny QwenImageEditPipeline's components: the twin's and a processor."""
+    from trainer.families.qwen_image.edit import edit_processor
+
+    parts = build_components(seed)
+    parts["processor"] = edit_processor(parts["tokenizer"], image_processor())
+    return parts
+
+
+def _save_edit(folder: Path, seed: int) -> None:
+    """A QwenImageEditPipeline folder; its processor as the real folders name it."""
+    from diffusers import QwenImageEditPipeline
+
+    QwenImageEditPipeline(**build_edit_components(seed)).save_pretrained(
+        folder, safe_serialization=True)
+    index = json.loads((folder / "model_index.json").read_text(encoding="utf-8"))
+    index["processor"] = ["transformers", "Qwen2VLProcessor"]
+    (folder / "model_index.json").write_text(json.dumps(index, indent=2))
+
+
+def save(path: str | Path, seed: int = TINY_SEED, builder: str = BUILDER) -> Path:
+    """Write the tiny Qwen-Image (or, ``builder`` = EDIT_BUILDER, its edit twin) as a
+    diffusers folder with ``embedded.json``."""
     from diffusers import QwenImagePipeline
 
     path = Path(path)
     tmp = path.with_name(path.name + ".partial")
-    QwenImagePipeline(**build_components(seed)).save_pretrained(tmp, safe_serialization=True)
-    (tmp / "embedded.json").write_text(json.dumps({"seed": seed, "builder": BUILDER}))
+    if builder == EDIT_BUILDER:
+        _save_edit(tmp, seed)
+    else:
+        QwenImagePipeline(**build_components(seed)).save_pretrained(tmp,
+                                                                    safe_serialization=True)
+    (tmp / "embedded.json").write_text(json.dumps({"seed": seed, "builder": builder}))
     if path.exists():
         shutil.rmtree(path)
     tmp.rename(path)
@@ -101,8 +145,9 @@ def save(path: str | Path, seed: int = TINY_SEED) -> Path:
 
 
 def ensure(folder: Path, name: str = "qwen_image") -> Path:
-    """The tiny twin's folder, built on first use."""
+    """The tiny twin's folder (the edit twin's for a folder named like it), built on first
+    use."""
     folder = Path(folder)
     if not (folder / "model_index.json").is_file():
-        save(folder)
+        save(folder, builder=EDIT_BUILDER if folder.name == EDIT_BUILDER else BUILDER)
     return folder

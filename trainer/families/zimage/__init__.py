@@ -7,6 +7,8 @@ ZIMAGE = FamilySpec(
     name="zimage", label="Z-Image", folder="zimage", denoiser="transformer", objective="flow",
     text_encoders=("qwen3",), embedded="embedded:tiny-zimage",
     pipelines=("ZImagePipeline",),
+    # the main layers (musubi-tuner's, ai-toolkit's), or with the refiners (diffusers' example)
+    train_blocks=("all", "with_refiners"),
     variants=(Variant("turbo", "Z-Image Turbo", "z-image-turbo"),
               Variant("base", "Z-Image", "z-image-turbo")),
     part_settings={"vae": "model.ae", "qwen3": "model.text_encoder"},

@@ -3,7 +3,10 @@ both load.
 
 **What trains** (musubi-tuner's ``networks/lora_zimage.py``): the Linear layers of the 30 main
 ``layers.N``: the attention's ``to_q``/``to_k``/``to_v``/``to_out.0`` and the SwiGLU's
-``feed_forward.w1``/``w2``/``w3``; not the refiners, the adaLN modulations nor the embedders.
+``feed_forward.w1``/``w2``/``w3``; not the adaLN modulations nor the embedders. With
+``network.train_blocks = "with_refiners"`` the two ``noise_refiner`` and two ``context_refiner``
+blocks' too, as diffusers' example trains them (ComfyUI's native names for them are the same
+form: ``lora_unet_noise_refiner_0_attention_qkv``...).
 
 **The file** names the modules by the original (ComfyUI native) layout in kohya form::
 
@@ -32,6 +35,13 @@ import torch
 
 from trainer.export.lora import _check_exportable, iter_lora_layers
 from trainer.export.names import kohya_module_name, unwrap
+from trainer.families.common.lora_forms import (
+    Fused,
+    fuse_parts,
+    fused_units,
+    kohya_form,
+    split_units,
+)
 from trainer.families.common.lora_fuse import fuse
 
 UNET_PREFIX = "lora_unet"
@@ -45,7 +55,9 @@ PARTS: dict[str, tuple[str, ...]] = {
     "feed_forward_w3": ("feed_forward.w3",),
 }
 BLOCKS = ("layers", "noise_refiner", "context_refiner")
-TRAINED_BLOCKS = ("layers",)  # musubi-tuner's choice
+# network.train_blocks -> the blocks that train: the main layers (musubi-tuner's and
+# ai-toolkit's choice, the default), or with the refiners (diffusers' example's)
+TRAIN_BLOCKS = {"all": ("layers",), "with_refiners": BLOCKS}
 BASE_MODEL_VERSION = "zimage"  # ss_base_model_version (the spec's kohya_version)
 
 
@@ -70,8 +82,12 @@ def part_modules(transformer: torch.nn.Module, blocks: tuple[str, ...] = BLOCKS
 
 
 def target_modules(transformer: torch.nn.Module, train_blocks: str = "all") -> list[str]:
-    """The diffusers module paths peft wraps (full paths: matched exactly)."""
-    return sorted(m for group in part_modules(transformer, TRAINED_BLOCKS).values()
+    """The diffusers module paths peft wraps (full paths: matched exactly) of the blocks
+    ``network.train_blocks`` picks (:data:`TRAIN_BLOCKS`)."""
+    if train_blocks not in TRAIN_BLOCKS:
+        raise ValueError(f"network.train_blocks = {train_blocks!r}: Z-Image's are "
+                         f"{', '.join(map(repr, TRAIN_BLOCKS))}")
+    return sorted(m for group in part_modules(transformer, TRAIN_BLOCKS[train_blocks]).values()
                   for m in group)
 
 
@@ -119,26 +135,33 @@ def run_state_dict(transformer: Optional[torch.nn.Module], encoders: dict[str, A
     return kohya_tensors(transformer, dtype)
 
 
-def save_run_lora(path: Any, tensors: dict[str, torch.Tensor], model: Any, cfg: Any,
-                  metadata: dict[str, Any]) -> Any:
-    """Write the run's file with sd-scripts' ``ss_*`` keys and the family's own."""
+def save_lora_file(path: Any, tensors: dict[str, torch.Tensor], model: Any,
+                   metadata: dict[str, Any]) -> Any:
+    """Write a Z-Image LoRA (a run's, a resized or extracted one) with ``metadata`` and the
+    keys that tell its family (musubi-tuner's version and network module)."""
     from trainer.export.hashes import add_hashes
     from trainer.export.lycoris_args import file_network_module
     from trainer.system.safe_write import save_safetensors_atomic
 
-    f = cfg.flow
     meta = {k: str(v) for k, v in metadata.items()
             if k not in ("sshs_model_hash", "sshs_legacy_hash", "modelspec.hash_sha256")}
     meta.update({"ss_base_model_version": BASE_MODEL_VERSION, "ss_v2": "False",
                  "ss_network_module": file_network_module(meta, "networks.lora_zimage"),
                  "modelspec.architecture": f"z-image-{model.variant or 'turbo'}/lora",
-                 "modelspec.implementation": "https://github.com/Tongyi-MAI/Z-Image",
-                 "ss_timestep_sampling": str(f.timestep_sampling),
-                 "ss_discrete_flow_shift": str(float(f.discrete_flow_shift)),
-                 "ss_weighting_scheme": str(f.weighting_scheme)})
+                 "modelspec.implementation": "https://github.com/Tongyi-MAI/Z-Image"})
     meta.pop("modelspec.prediction_type", None)
     meta.setdefault("modelspec.sai_model_spec", "1.0.1")
     return save_safetensors_atomic(path, tensors, add_hashes(meta, tensors))
+
+
+def save_run_lora(path: Any, tensors: dict[str, torch.Tensor], model: Any, cfg: Any,
+                  metadata: dict[str, Any]) -> Any:
+    """Write the run's file with sd-scripts' ``ss_*`` keys and the objective's settings."""
+    f = cfg.flow
+    return save_lora_file(path, tensors, model, {
+        **metadata, "ss_timestep_sampling": str(f.timestep_sampling),
+        "ss_discrete_flow_shift": str(float(f.discrete_flow_shift)),
+        "ss_weighting_scheme": str(f.weighting_scheme)})
 
 
 # --- LyCORIS (trainer/export/flow_lycoris.py) ----------------------------------------------------
@@ -157,27 +180,13 @@ def lycoris_module_name(component: str, path: str) -> str:
     return diffusers_lycoris_name(path)
 
 
-# --- network.network_weights: the files the ecosystem writes, as per-layer kohya names ---------
+# --- the peers' files: network.network_weights and the tools ------------------------------------
 
-PEFT_PREFIXES = ("diffusion_model.", "transformer.", "base_model.model.")  # ai-toolkit, diffusers
-
-
-def _split_fused(name: str, down: torch.Tensor, up: torch.Tensor, alpha: Optional[torch.Tensor],
-                 out: dict[str, torch.Tensor]) -> None:
-    """A fused ``..._attention_qkv`` as its three layers: with a block-diagonal ``up`` (ours,
-    ComfyUI's converters) each part gets its own rank's rows; otherwise the whole ``down``."""
-    rank, block = down.shape[0], name[: -len("_qkv")]
-    rows, r = up.shape[0] // 3, rank // 3
-    diagonal = rank % 3 == 0 and all(
-        torch.count_nonzero(up[i * rows:(i + 1) * rows])
-        == torch.count_nonzero(up[i * rows:(i + 1) * rows, i * r:(i + 1) * r]) for i in range(3))
-    scale = (float(alpha) if alpha is not None else rank) / rank
-    for i, part in enumerate(("to_q", "to_k", "to_v")):
-        cols = slice(i * r, (i + 1) * r) if diagonal else slice(None)
-        key = f"{block}_{part}"
-        out[key + ".lora_down.weight"] = down[cols]
-        out[key + ".lora_up.weight"] = up[i * rows:(i + 1) * rows, cols]
-        out[key + ".alpha"] = torch.tensor(scale * out[key + ".lora_down.weight"].shape[0])
+# the native layer (kohya part) -> the diffusers layers it is, for lora_forms (feed_forward and
+# adaLN_modulation have the same names in both layouts)
+FUSED = tuple(Fused(b, b, fused_units({"attention_qkv": PARTS["attention_qkv"],
+                                       "attention_out": PARTS["attention_out"]}))
+              for b in BLOCKS)
 
 
 def network_weights_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -186,25 +195,10 @@ def network_weights_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch
     ``qkv`` split, ``attention_out`` -> ``attention_to_out_0``), musubi-tuner's as they are,
     ai-toolkit's and diffusers' peft form (``diffusion_model.`` / ``transformer.`` +
     ``lora_A``/``lora_B``, scale 1: alpha = rank)."""
-    out: dict[str, torch.Tensor] = {}
-    for key, value in tensors.items():
-        for prefix in PEFT_PREFIXES:
-            if key.startswith(prefix) and key.endswith((".lora_A.weight", ".lora_B.weight")):
-                path, _, kind = key[len(prefix):].rpartition(".lora_")
-                name = kohya_module_name(UNET_PREFIX, path)
-                out[f"{name}.lora_{'down' if kind.startswith('A') else 'up'}.weight"] = value
-                if kind.startswith("A"):
-                    out.setdefault(f"{name}.alpha", torch.tensor(float(value.shape[0])))
-                break
-        else:
-            out[key] = value
-    names = {k.split(".")[0] for k in out if k.endswith(".lora_down.weight")}
-    for name in sorted(names):
-        if name.endswith("_attention_qkv"):
-            down, up = out.pop(name + ".lora_down.weight"), out.pop(name + ".lora_up.weight")
-            _split_fused(name, down, up, out.pop(name + ".alpha", None), out)
-        elif name.endswith("_attention_out"):
-            for suffix in (".lora_down.weight", ".lora_up.weight", ".alpha"):
-                if name + suffix in out:
-                    out[name[: -len("_out")] + "_to_out_0" + suffix] = out.pop(name + suffix)
-    return out
+    return split_units(kohya_form(tensors), FUSED)
+
+
+def own_form_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A Z-Image LoRA file of any writer in this family's own form (the native names ComfyUI
+    loads, q/k/v fused block-diagonally): what resize writes."""
+    return fuse_parts(kohya_form(tensors), FUSED)

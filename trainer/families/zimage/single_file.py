@@ -18,13 +18,12 @@ whole transformer is never held in the compute dtype. Qwen3 is filled the same w
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
+from trainer.families.common.streaming import fill_from, finish, open_reader
 from trainer.families.spec import ModelLoadError
 from trainer.families.zimage.detect import FILES as DETECTED_FILES
 from trainer.families.zimage.detect import (
@@ -36,55 +35,8 @@ from trainer.families.zimage.detect import (
 )
 
 FIELD = "model.pretrained_model_name_or_path"
-GROUP_BYTES = 256 * 2**20
 TEXT_MARK = "layers.0.self_attn.q_norm.weight"
 FILES = {WHERE[part]: file for part, file in DETECTED_FILES.items()}
-
-
-def _reader(path: Path, dtype: torch.dtype) -> Any:
-    from trainer.families.common.comfy_quant import ComfyQuantReader
-
-    return ComfyQuantReader(path, dtype)
-
-
-def _groups(reader: Any, keys: list[str]) -> Any:
-    group, size = [], 0
-    for key in keys:
-        group.append(key)
-        size += 4 * math.prod(reader.entries[key]["shape"])
-        if size >= GROUP_BYTES:
-            yield group
-            group, size = [], 0
-    if group:
-        yield group
-
-
-def fill_from(module: torch.nn.Module, reader: Any, keys: list[str], strip: str,
-              convert: Optional[Callable[[dict], dict]], dtype: torch.dtype, fp8: bool,
-              where: str, what: str) -> torch.nn.Module:
-    """``module`` (meta-built) filled from ``keys`` of the file, group by group."""
-    from diffusers.models.model_loading_utils import load_model_dict_into_meta
-
-    from trainer.families.common.mmdit_parts import complete, fail
-    from trainer.models.memory import fp8_storage, store_fp8, to_compute_dtype
-    from trainer.models.streamed_load import fill
-
-    storage = fp8_storage(dtype)
-    stored = storage.select(module) if fp8 else set()
-    wanted = set(module.state_dict())
-    try:
-        for group in _groups(reader, keys):
-            tensors = {k[len(strip):]: reader.read(k) for k in group}
-            tensors = convert(tensors) if convert else tensors
-            fill(module, {k: v for k, v in tensors.items() if k in wanted}, stored, storage,
-                 load_model_dict_into_meta, dtype=dtype)
-    except Exception as exc:  # noqa: BLE001 - shapes, names
-        raise fail(where, what, exc) from None
-    to_compute_dtype(module, dtype)
-    module = complete(module, what, where)
-    if fp8:
-        store_fp8(module.requires_grad_(False), dtype)
-    return module
 
 
 def transformer_config(info: ZImageFileInfo, root: Path) -> dict[str, Any]:
@@ -109,12 +61,13 @@ def build_transformer(path: Path, info: ZImageFileInfo, root: Path, dtype: torch
         from trainer.families.common.mmdit_parts import fail
 
         raise fail(where, "transformer", exc) from None
-    reader = _reader(path, dtype)
+    reader = open_reader(path, dtype)
     others = (VAE_PREFIX, "text_encoders.")
     keys = [k for k in reader.entries if k.startswith(info.prefix) and not k.startswith(others)]
-    return fill_from(module, reader, keys, info.prefix,
-                     convert if info.layout == "native" else None, dtype, fp8, where,
-                     "transformer")
+    module = fill_from(module, reader, keys, info.prefix,
+                       convert if info.layout == "native" else None, dtype, fp8, where,
+                       "transformer")
+    return finish(module, dtype, fp8, where, "transformer")
 
 
 def build_text_encoder(path: Path, setting: str, root: Path, dtype: torch.dtype,
@@ -125,7 +78,7 @@ def build_text_encoder(path: Path, setting: str, root: Path, dtype: torch.dtype,
     from transformers import Qwen3Config, Qwen3Model
 
     where = f"{setting} = {str(path)!r}"
-    reader = _reader(path, dtype)
+    reader = open_reader(path, dtype)
     prefix = next((p for p in (TEXT_PREFIX + "model.", "model.", "")
                    if p + TEXT_MARK in reader.entries), None)
     if prefix is None:
@@ -134,7 +87,8 @@ def build_text_encoder(path: Path, setting: str, root: Path, dtype: torch.dtype,
     with init_empty_weights():
         module = Qwen3Model(Qwen3Config.from_pretrained(str(root / "text_encoder")))
     keys = [k for k in reader.entries if k.startswith(prefix)]
-    return fill_from(module, reader, keys, prefix, None, dtype, fp8, where, "text_encoder")
+    module = fill_from(module, reader, keys, prefix, None, dtype, fp8, where, "text_encoder")
+    return finish(module, dtype, fp8, where, "text_encoder")
 
 
 def part_file(setting: str, value: Optional[str], what: str) -> Path:

@@ -18,32 +18,49 @@ from typing import Any
 
 import torch
 
-from trainer.export.names import kohya_module_name
-from trainer.families.zimage.lora import BLOCKS, TRAINED_BLOCKS, UNET_PREFIX, part_modules
+from trainer.export.names import kohya_module_name, unwrap
+from trainer.families.zimage.lora import BLOCKS, UNET_PREFIX, part_modules
 from trainer.tools.flow_targets import group
 from trainer.tools.targets import Target
 
 LABEL = "Z-Image"
-BLOCK_PREFIXES = tuple(f"{UNET_PREFIX}_{b}_" for b in BLOCKS)  # its files' blocks
+# its files' blocks: kohya names (ours, musubi-tuner's, ai-toolkit's diffusion_model.<path>) and
+# diffusers' example's transformer.<path> (read as lora_transformer_<path>)
+BLOCK_PREFIXES = tuple(f"{p}_{b}_" for p in (UNET_PREFIX, "lora_transformer") for b in BLOCKS)
 FILE_FORM = "kohya"  # the form of its LoRA files (trainer/tools/flow_extract.py)
 TRAINS_T5 = False
 
 
+def _other_layers(transformer: torch.nn.Module, covered: set[str]) -> list[Target]:
+    """The blocks' other Linear layers (the modulations, which ai-toolkit trains), under
+    ``lora_unet_`` + their path: the same in both layouts."""
+    return [group(transformer, kohya_module_name(UNET_PREFIX, path), (path,))
+            for path, module in unwrap(transformer).named_modules()
+            if isinstance(module, torch.nn.Linear) and path.split(".", 1)[0] in BLOCKS
+            and path not in covered]
+
+
 def kohya_targets(transformer: torch.nn.Module, blocks: tuple[str, ...] = BLOCKS
                   ) -> list[Target]:
-    """The native names (fused qkv) and musubi-tuner's names of each split layer."""
-    out = []
+    """The native names (fused qkv) and musubi-tuner's names of each split layer, and the
+    blocks' other layers."""
+    out, covered = [], set()
     for native, paths in part_modules(transformer, blocks).items():
         out.append(group(transformer, kohya_module_name(UNET_PREFIX, native), paths))
         if len(paths) > 1 or not paths[0].endswith(native.split(".", 2)[2]):
             out += [group(transformer, kohya_module_name(UNET_PREFIX, p), (p,)) for p in paths]
-    return out
+        covered.update(paths)
+    return out + _other_layers(transformer, covered)
 
 
 def trained_targets(transformer: torch.nn.Module) -> list[Target]:
-    """The layers the family's LoRA trains, under the names its files give them."""
-    return [group(transformer, kohya_module_name(UNET_PREFIX, native), paths)
-            for native, paths in part_modules(transformer, TRAINED_BLOCKS).items()]
+    """The layers extract takes, under the names the family's files give them: every Linear of
+    the blocks, the refiners' too (``network.train_blocks``), and their modulations (which
+    ai-toolkit trains); a layer a fine-tune did not change is left out of the file."""
+    parts = part_modules(transformer, BLOCKS)
+    out = [group(transformer, kohya_module_name(UNET_PREFIX, native), paths)
+           for native, paths in parts.items()]
+    return out + _other_layers(transformer, {p for paths in parts.values() for p in paths})
 
 
 def text_targets(model: Any) -> list[tuple[Target, list[str]]]:
