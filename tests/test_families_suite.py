@@ -55,6 +55,16 @@ class Twin:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.spec, name)
 
+    @property
+    def needs_controls(self) -> bool:
+        """Whether the twin is an edit model that trains on pairs only (Qwen-Image-Edit): its
+        family's ``control_problems`` finds fault with images that have no control."""
+        if "_needs" not in self.__dict__:
+            model = load_base_model(ModelSection(pretrained_model_name_or_path=self.embedded))
+            ask = getattr(family_of(model), "control_problems", None)
+            self.__dict__["_needs"] = bool(ask and ask(model, [0]))
+        return self.__dict__["_needs"]
+
 
 TWINS = [Twin(s, twin) for s in FAMILIES.values() for twin in s.twins]  # sd2 has none
 STEPS = 2
@@ -71,6 +81,15 @@ def two_images(root: Path) -> Path:
         img.save(folder / f"{i}.png")
         (folder / f"{i}.txt").write_text(f"a shape {i}")
     return root
+
+
+def controls_of(data: Path) -> Path:
+    """A control image per training image of :func:`two_images` (same stems), for edit twins."""
+    folder = data.parent / f"{data.name}_controls"
+    folder.mkdir(exist_ok=True)
+    for image in sorted((data / "1_shapes").glob("*.png")):
+        Image.open(image).transpose(Image.Transpose.FLIP_LEFT_RIGHT).save(folder / image.name)
+    return folder
 
 
 def denoiser(model: Any) -> torch.nn.Module:
@@ -100,7 +119,9 @@ class Runs:
 
     def config(self, spec: Any, mode: str, out: str):
         network = {"train_text_encoder": True} if mode == "dreambooth" else {}
+        pairs = {"control_dir": str(controls_of(self.data))} if spec.needs_controls else {}
         return small_config(self.root / spec.key / mode / out, self.data, mode=mode,
+                            dataset=pairs,
                             model={"pretrained_model_name_or_path": spec.embedded},
                             training={"max_train_steps": STEPS}, network=network,
                             saving={"save_state": True, "output_name": mode})
