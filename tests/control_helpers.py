@@ -1,7 +1,8 @@
 """Tiny edit-training datasets for the control-image tests (tests/test_data_controls*.py).
 
-No family of the registry takes control images yet, so ``as_edit_family`` lends SD 1.x (the
-embedded default's family) a ``ControlSpec`` for one test; the config's ``dataset.control_dir``
+The data tests run on SD 1.x's fast embedded model, so ``as_edit_family`` lends SD 1.x (the
+embedded default's family) a ``ControlSpec`` for one test (FLUX.1 Kontext, the registry's edit
+family, trains in tests/test_flux_kontext_train.py); the config's ``dataset.control_dir``
 is then set on the section (the TrainConfig rule refuses it at load for a family that takes
 none, which is what the refusal tests check).
 """

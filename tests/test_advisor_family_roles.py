@@ -27,7 +27,8 @@ def test_a_flow_family_names_its_release_tokens_and_small_models(name):
 def test_the_flow_family_of_a_transformer_config_is_its_own(name):
     transformer = role(name, "memory").tiny_components()["transformer"]
     config = dict(transformer.config, _class_name=type(transformer).__name__)
-    assert fm._family(config) == name
+    found = fm._family(config)  # FLUX.1 Kontext's transformer is FLUX.1's: its memory role
+    assert found == name or role(found, "memory") is role(name, "memory")
     small = fm._small(config, fm._shapes(config)[0])
     assert small["num_layers"] == fm._shapes(config)[0][0]
 

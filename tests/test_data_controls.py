@@ -210,20 +210,28 @@ def test_a_dataset_without_controls_batches_exactly_as_before(tmp_path, monkeypa
 
 def test_control_dir_is_refused_for_a_family_that_takes_no_controls():
     takers = edit_families()
-    assert "qwen_image" in takers  # Qwen-Image-Edit (trainer/families/qwen_image/edit.py)
-    for family in (f for f in FAMILIES if f not in takers):
+    assert {"qwen_image", "flux1_kontext"} <= set(takers)  # Qwen-Image-Edit, FLUX.1 Kontext
+    assert takers == tuple(n for n, s in FAMILIES.items() if s.controls.max > 0)
+    for family in FAMILIES:
+        if family in takers:
+            TrainConfig(model={"model_version": family}, dataset={"control_dir": "c"})
+            continue
         with pytest.raises(ValueError) as info:
             TrainConfig(model={"model_version": family}, dataset={"control_dir": "c"})
         message = str(info.value)
         assert f"dataset.control_dir is set but {label(family)} is not an edit model" in message
-        assert f"edit training needs {label('qwen_image')}" in message
-    TrainConfig(model={"model_version": "qwen_image"}, dataset={"control_dir": "c"})
+        # each edit family named with the setting that picks it (a single file may not tell)
+        assert all(f"{label(n)} (model.model_version = {n!r})" in message for n in takers)
 
 
 def test_the_refusal_names_the_edit_families_of_the_registry(monkeypatch):
     monkeypatch.setitem(FAMILIES, "sd3", replace(FAMILIES["sd3"], controls=ControlSpec(max=2)))
     message = not_edit_message("dataset.control_dir", FAMILY)
-    assert f"edit training needs {label('sd3')}" in message and label(FAMILY) in message
+    assert f"{label('sd3')} (model.model_version = 'sd3')" in message and label(FAMILY) in message
+    for name in list(FAMILIES):
+        monkeypatch.setitem(FAMILIES, name, replace(FAMILIES[name], controls=ControlSpec()))
+    assert "none of the model families here takes control images yet" in \
+        not_edit_message("dataset.control_dir", FAMILY)
 
 
 def test_controls_found_with_a_loaded_family_that_takes_none_are_refused(tmp_path,

@@ -79,17 +79,19 @@ def test_a_checkpoint_of_unknown_family_is_checked_once_loaded():
      "set it back to 1.0"),
     # a component file and a text-encoder setting of other families
     ({"pretrained_model_name_or_path": "embedded:tiny-sdxl"}, {"model": {"t5xxl": "/t5.st"}},
-     r"model.t5xxl is set but SDXL does not read it \(FLUX.1 / SD 3.5 / Chroma only\)"),
+     r"model.t5xxl is set but SDXL does not read it \(FLUX.1 / FLUX.1 Kontext / SD 3.5 / "
+     r"Chroma only\)"),
     (SD3, {"model": {"ae": "/ae.safetensors"}},
-     r"model.ae is set but SD 3.5 does not read it \(FLUX.1 / FLUX.2 / Z-Image / Chroma only\)"),
+     r"model.ae is set but SD 3.5 does not read it \(FLUX.1 / FLUX.1 Kontext / FLUX.2 / "
+     r"Z-Image / Chroma only\)"),
     ({}, {"model": {"t5xxl_max_token_length": 128}}, "model.t5xxl_max_token_length is set but "
                                                      "SD 1.x"),
     ({}, {"model": {"fp8_text_encoders": True}}, "model.fp8_text_encoders is set but SD 1.x"),
     (FLUX, {"model": {"clip_skip": 2}}, "model.clip_skip .*FLUX.1.*set it back to 1"),
     # network options
     (SD3, {"network": {"train_blocks": "single"}},
-     r"network.train_blocks is set but SD 3.5 does not read it \(FLUX.2 / FLUX.1 / Chroma / "
-     r"Z-Image only\)"),
+     r"network.train_blocks is set but SD 3.5 does not read it \(FLUX.2 / FLUX.1 / "
+     r"FLUX.1 Kontext / Chroma / Z-Image only\)"),
     (FLUX, {"network": {"conv_dim": 4}}, "network.conv_dim is set but FLUX.1 does not read it"),
     (FLUX, {"network": {"train_text_encoder_2": True}},
      r"network.train_text_encoder_2 is set but FLUX.1 does not read it \(SDXL / SD 3.5 only\)"),
@@ -131,8 +133,8 @@ def test_the_run_refuses_hinted_settings_once_a_path_reads_as_a_family():
     assert [p.split(" ")[0] for p in problems] == ["training.ip_noise_gamma",
                                                    "training.v_pred_like_loss"]
     assert family_problems(cfg, "sdxl") == ["network.train_blocks is set but SDXL does not read "
-                                            "it (FLUX.2 / FLUX.1 / Chroma / Z-Image only); set "
-                                            "it back to 'all'"]
+                                            "it (FLUX.2 / FLUX.1 / FLUX.1 Kontext / Chroma / "
+                                            "Z-Image only); set it back to 'all'"]
 
 
 def test_the_model_versions_and_the_hints_come_from_the_registry():

@@ -8,7 +8,7 @@ import pytest
 
 from trainer.families import FAMILIES, names
 from trainer.importers.kohya import flow, import_kohya
-from trainer.importers.kohya.families import kohya_role, switch_keys, switches
+from trainer.importers.kohya.families import kohya_role, roles, switch_keys, switches
 
 FLOW = names(objective="flow")
 FLOW_ROLE = ("SWITCHES", "LORA_TYPES", "RULES", "ENCODER_FILES", "UNSUPPORTED", "NOT_NEEDED",
@@ -33,10 +33,18 @@ def selected(name: str) -> bool:
 
 def test_no_key_is_two_flow_families_own():
     seen: dict[str, str] = {}
-    for name in [n for n in FLOW if not selected(n)]:
+    for name in [n for n in roles("flow") if not selected(n)]:
         for key in kohya_role(name).ONLY:
             assert key not in seen, f"{key} is both {seen[key]}'s and {name}'s"
             seen[key] = name
+
+
+def test_a_kohya_flux1_config_imports_as_flux1_not_kontext():
+    """FLUX.1 Kontext shares FLUX.1's folder (and its kohya role); kohya_ss's FLUX.1 tab is
+    FLUX.1's."""
+    assert "flux1_kontext" not in roles("flow") and roles("flow")["flux1"] is not None
+    assert flow.family_of({"LoRA_type": "Flux1"}) == "flux1"
+    assert flow.family_of({"flux1_checkbox": True}) == "flux1"
 
 
 def test_every_switch_is_one_family_s():

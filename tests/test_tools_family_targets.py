@@ -27,8 +27,8 @@ def test_unet_families_say_whether_their_files_use_sgm_names():
 
 def test_labels_and_widths_come_from_the_families():
     assert [family_label(n) for n in names()] == ["SD 1.x", "SD 2.x", "SDXL", "FLUX.2",
-                                                  "FLUX.1", "SD 3 / 3.5", "Chroma",
-                                                  "Qwen-Image", "Z-Image"]
+                                                  "FLUX.1", "FLUX.1 Kontext", "SD 3 / 3.5",
+                                                  "Chroma", "Qwen-Image", "Z-Image"]
     assert family_label("unknown") == "unknown"
     assert CROSS_ATTENTION_WIDTHS == {768: "sd1", 1024: "sd2", 2048: "sdxl"}
     assert TEXT_WIDTHS == {768: "sd1", 1024: "sd2"}

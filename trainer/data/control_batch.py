@@ -32,11 +32,14 @@ from .sampler import group_by_bucket
 Geometry = tuple[Size, Box]
 
 
-def sizings(controls: list[Optional[ControlSet]], entries: list[Any], family_controls: Any
-            ) -> list[ControlSizing]:
-    """Each entry's control sizing: the family's, or its dataset TOML subset's
-    (``control_resolution``, ``no_resize_control``)."""
+def sizings(controls: list[Optional[ControlSet]], entries: list[Any], family_controls: Any,
+            resolution: Optional[int] = None) -> list[ControlSizing]:
+    """Each entry's control sizing: the family's (or ``dataset.control_resolution``'s area,
+    ``resolution``), or its dataset TOML subset's (``control_resolution``,
+    ``no_resize_control``)."""
     base = ControlSizing.of_family(family_controls)
+    if resolution is not None:
+        base = base.with_toml(resolution, False)
     out = []
     for entry in entries:
         opts = entry.folder.options
@@ -94,6 +97,7 @@ class WithControls:
     buckets: list[Size]
     counts: list[int]
     controls: Optional[list[Optional[ControlSet]]]
+    control_resolution: Optional[int] = None  # dataset.control_resolution
     held_out_controls: Optional[list[Optional[ControlSet]]] = None  # for the validation images
     _sizings: list[ControlSizing]
     _latents: Any
@@ -115,12 +119,16 @@ class WithControls:
         raise NotImplementedError  # TrainingData's: the target's resize and crop
 
     def use_controls(self, controls: Optional[list[Optional[ControlSet]]],
-                     family: Optional[str]) -> None:
+                     family: Optional[str], resolution: Optional[int] = None) -> None:
         """Train each entry with its control images (trainer/data/controls.py), sized as
         ``family`` declares (its ``FamilySpec.controls``; None: not known yet, each control with
-        its target's bucket). Raises DatasetError when the family cannot train them."""
+        its target's bucket), or at ``resolution`` (``dataset.control_resolution``; once given,
+        kept when the run calls again with the loaded model's family). Raises DatasetError
+        when the family cannot train them."""
         from trainer.families import spec
 
+        if resolution is not None:
+            self.control_resolution = resolution
         if not controls:
             return
         if family is not None:
@@ -129,7 +137,8 @@ class WithControls:
                 raise DatasetError(problems)
         self.controls = controls
         self._sizings = sizings(controls, self.entries,
-                                spec(family).controls if family else None)
+                                spec(family).controls if family else None,
+                                self.control_resolution)
         # a family whose text encoder reads the controls: the text cache keys rows by them
         self._control_text = bool(family) and spec(family).controls.text
         if self._control_text:

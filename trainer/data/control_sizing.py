@@ -5,7 +5,8 @@ its own aspect, centered, and takes the target's crop box and flip, so a control
 target's size is rendered exactly as the target is (same resize, same crop, same flip) and both
 land in one bucket. ``area``: the family's pipeline resizes its references to about a pixel area
 at their own aspect (``FamilySpec.controls.area``; a dataset TOML's ``control_resolution``),
-sides on multiples of the family's ``multiple``; the control is centered in that size and
+sides on multiples of the family's ``multiple``, or to the one of the family's preferred sizes
+(``FamilySpec.controls.sizes``) nearest their aspect; the control is centered in that size and
 flipped with its target. ``native`` (the TOML's ``no_resize_control``): the control keeps its
 size, cropped to the multiple (and scaled down to the area when ``control_resolution`` is also
 set). A batch holds targets of one bucket whose controls have the same sizes
@@ -28,12 +29,14 @@ class ControlSizing:
     mode: Mode = "target"
     area: Optional[int] = None  # pixels (area: required; native: the most)
     multiple: int = 16
+    sizes: tuple[Size, ...] = ()  # area: the preferred (width, height), nearest aspect wins
 
     @classmethod
     def of_family(cls, controls: object) -> ControlSizing:
         """The sizing a family's ``ControlSpec`` declares."""
         area = getattr(controls, "area", None)
-        return cls("area" if area else "target", area, getattr(controls, "multiple", 16))
+        return cls("area" if area else "target", area, getattr(controls, "multiple", 16),
+                   tuple(getattr(controls, "sizes", ())) if area else ())
 
     def with_toml(self, resolution: Union[int, list[int], None], no_resize: bool
                   ) -> ControlSizing:
@@ -55,7 +58,10 @@ def _round(side: float, multiple: int) -> int:
 def own_size(size: Size, sizing: ControlSizing) -> Size:
     """The size a control of ``size`` is trained at, for the ``area`` and ``native`` modes."""
     width, height = size
-    if sizing.area and (sizing.mode == "area" or width * height > sizing.area):
+    if sizing.mode == "area" and sizing.sizes:  # BFL's rule: nearest aspect, then the smaller
+        aspect = width / height
+        _, width, height = min((abs(aspect - w / h), w, h) for w, h in sizing.sizes)
+    elif sizing.area and (sizing.mode == "area" or width * height > sizing.area):
         scale = math.sqrt(sizing.area / (width * height))
         width, height = width * scale, height * scale
     return (_round(width, sizing.multiple), _round(height, sizing.multiple))

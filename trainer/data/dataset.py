@@ -372,7 +372,7 @@ def prepare_dataset(
     data = TrainingData(entries, cfg, train_dir)
     data.held_out = held_out
     data.masks = masks
-    data.use_controls(found, family)
+    data.use_controls(found, family, ds.control_resolution)
     data.held_out_controls = held_controls
     return data
 

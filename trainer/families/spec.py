@@ -40,8 +40,10 @@ class ControlSpec:
     (an edit model that cannot train on a target alone). ``area``: unset, every control is
     rendered with its target's resize, crop and flip (one bucket); a pixel count, each control
     is resized to about that area at its own aspect, sides on multiples of ``multiple``, as
-    the family's pipeline sizes its references (flipped with its target, not cropped with it).
-    Read generically by trainer/data/controls.py and the config rules."""
+    the family's pipeline sizes its references (flipped with its target, not cropped with it);
+    with ``sizes`` too, each control is resized to the one of those (width, height) whose
+    aspect is nearest its own, as a pipeline with a table of preferred resolutions does (FLUX.1
+    Kontext's). Read generically by trainer/data/controls.py and the config rules."""
 
     max: int = 0
     required: int = 0
@@ -51,6 +53,7 @@ class ControlSpec:
     text: bool = False
     area: Optional[int] = None
     multiple: int = 16
+    sizes: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)

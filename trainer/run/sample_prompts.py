@@ -2,8 +2,10 @@
 ``load_prompts``), and the samplers it offers (``get_my_scheduler``) as diffusers schedulers.
 
 A prompt line may carry options after `` --``: ``--n`` negative prompt, ``--w`` / ``--h`` size,
-``--d`` seed, ``--l`` guidance scale, ``--s`` steps (clamped to 1..1000), ``--ss`` sampler; an
-option that does not parse is ignored, as in sd-scripts. ``sampling.sample_prompts_file`` names
+``--d`` seed, ``--l`` guidance scale, ``--s`` steps (clamped to 1..1000), ``--ss`` sampler, and
+for an edit model ``--ci`` a control (reference) image's path, once per reference
+(musubi-tuner's option; its files' key ``control_image_path``, a path or a list); an option
+that does not parse is ignored, as in sd-scripts. ``sampling.sample_prompts_file`` names
 a ``.txt`` file (a line per prompt, ``#`` lines skipped), a ``.toml`` file (``[prompt]`` defaults
 and ``[[prompt.subset]]`` prompts) or a ``.json`` list (of lines or of dicts with sd-scripts'
 keys: prompt, negative_prompt, width, height, seed, sample_steps, scale, sample_sampler). The
@@ -53,13 +55,14 @@ class SamplePrompt:
     steps: Optional[int] = None
     scale: Optional[float] = None
     sampler: Optional[str] = None
+    control_images: tuple[str, ...] = ()  # edit models' references (--ci), in order
 
 
 _OPTIONS = (  # (pattern, field, convert), in sd-scripts' order of trying
     (r"w (\d+)", "width", int), (r"h (\d+)", "height", int), (r"d (\d+)", "seed", int),
     (r"s (\d+)", "steps", lambda v: max(1, min(1000, int(v)))),
     (r"l ([\d\.]+)", "scale", float), (r"n (.+)", "negative_prompt", str),
-    (r"ss (.+)", "sampler", str),
+    (r"ss (.+)", "sampler", str), (r"ci (.+)", "control_images", str.strip),
 )
 
 
@@ -72,7 +75,10 @@ def parse_line(line: str) -> SamplePrompt:
             match = re.match(pattern, part, re.IGNORECASE)
             if match:
                 try:
-                    values[name] = convert(match.group(1))
+                    value = convert(match.group(1))
+                    if name == "control_images":  # one per --ci, in order
+                        value = (*values.get(name, ()), value)
+                    values[name] = value
                 except ValueError:
                     pass  # sd-scripts logs and skips an option it cannot read
                 break
@@ -89,6 +95,9 @@ def from_dict(item: dict[str, Any]) -> SamplePrompt:
     values = {ours: item[theirs] for theirs, ours in _KEYS.items() if theirs in item}
     if "steps" in values:
         values["steps"] = max(1, min(1000, int(values["steps"])))
+    controls = item.get("control_image_path")  # musubi-tuner's key: a path or a list
+    if controls:
+        values["control_images"] = (controls,) if isinstance(controls, str) else tuple(controls)
     return SamplePrompt(**{"prompt": "", **values})
 
 

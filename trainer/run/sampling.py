@@ -92,5 +92,29 @@ def _call_args(model: Any, cfg: TrainConfig, pipe: Any, spec: Any, i: int) -> di
             "generator": torch.Generator("cpu").manual_seed(seed)}
     if spec.negative_prompt:
         args["negative_prompt"] = spec.negative_prompt
+    args.update(_control_args(model, spec))
     own = getattr(family_of(model), "sample_arguments", None)  # its pipeline's own names
     return own(args) if own is not None else args
+
+
+def _control_args(model: Any, spec: Any) -> dict[str, Any]:
+    """An edit model's references of a prompt (``--ci``), as its pipeline's ``image``: one
+    image, or a list for a family that takes several; none for a family that takes none (an
+    option it does not read, ignored as sd-scripts ignores those)."""
+    from PIL import Image
+
+    from trainer.families import spec as family_spec
+
+    most = family_spec(model.version).controls.max
+    if not spec.control_images or most == 0:
+        return {}
+    images = []
+    for path in spec.control_images[:most]:
+        try:
+            with Image.open(Path(path).expanduser()) as img:
+                images.append(img.convert("RGB"))
+        except OSError as exc:
+            raise ValueError(f"sample prompt {spec.prompt!r}: --ci {path}: cannot read the "
+                             f"control image ({exc}); fix the path in sampling.sample_prompts "
+                             f"or the prompt file") from None
+    return {"image": images[0] if most == 1 else images}

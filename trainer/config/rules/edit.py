@@ -22,7 +22,7 @@ def _either(words: list[str]) -> str:
 
 def needs_edit_model() -> str:
     """What edit training needs, from the registry."""
-    takers = list(dict.fromkeys(label(n) for n in edit_families()))
+    takers = [f"{label(n)} (model.model_version = {n!r})" for n in edit_families()]
     if not takers:
         return "none of the model families here takes control images yet"
     return f"edit training needs {_either(takers)}"

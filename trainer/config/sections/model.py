@@ -31,7 +31,9 @@ class ModelSection(Section):
     )
     model_version: ModelVersion = setting(
         "auto", "Architecture of the base model; auto reads it from the model's configs "
-        "(flux1: FLUX.1 dev or schnell; sd3: SD 3 and 3.5).",
+        "(flux1: FLUX.1 dev or schnell; sd3: SD 3 and 3.5). flux1_kontext: FLUX.1 Kontext "
+        "[dev], whose single file has FLUX.1-dev's keys: set it for flux1-kontext-dev."
+        "safetensors (a diffusers folder names itself).",
         advanced=True,
         label="Model family",
     )
@@ -69,7 +71,7 @@ class ModelSection(Section):
         None, "FLUX.1 / FLUX.2 / Z-Image / Chroma: the autoencoder file (ae.safetensors; "
         "FLUX.2: flux2-vae.safetensors) for a transformer-only single file (sd-scripts' --ae, "
         "musubi-tuner's --vae).", advanced=True, widget="file",
-        families=("flux1", "flux2", "zimage", "chroma"), modes=FLOW_MODES,
+        families=("flux1", "flux1_kontext", "flux2", "zimage", "chroma"), modes=FLOW_MODES,
         label="Autoencoder file (ae)")
     clip_l: Optional[str] = setting(
         None, "FLUX.1 / SD 3.5: the CLIP-L text encoder file for a single file without it "

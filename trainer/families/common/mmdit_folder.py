@@ -34,9 +34,16 @@ def folder_flow_family(path: Path) -> Optional[str]:
     return family if is_flow(family) else None
 
 
+def is_flux1(family: str) -> bool:
+    """FLUX.1 or a family of its layout (FLUX.1 Kontext): the families of the ``flux`` folder."""
+    from trainer.families import spec
+
+    return spec(family).folder == "flux"
+
+
 def variant_of(family: str, transformer_config: Any) -> str:
     """dev / schnell for FLUX.1; 5-medium / 5-large / medium for SD 3.x (sd-scripts' names)."""
-    if family == "flux1":
+    if is_flux1(family):
         return "dev" if transformer_config.get("guidance_embeds") else "schnell"
     if transformer_config.get("dual_attention_layers"):
         return "5-medium"
@@ -44,7 +51,11 @@ def variant_of(family: str, transformer_config: Any) -> str:
 
 
 def describe(family: str, variant: str) -> str:
-    if family == "flux1":
+    from trainer.families import spec
+
+    if is_flux1(family):
+        if family != "flux1":
+            return spec(family).variant(variant).label
         return "FLUX.1-dev, guidance-distilled" if variant == "dev" else "FLUX.1-schnell"
     return {"5-medium": "SD 3.5 medium", "5-large": "SD 3.5 large"}.get(variant, "SD 3 medium")
 
@@ -52,19 +63,20 @@ def describe(family: str, variant: str) -> str:
 def t5_length(family: str, variant: str, setting: Optional[int]) -> int:
     if setting is not None:
         return setting
-    return T5_LENGTHS[variant] if family == "flux1" else SD3_T5_LENGTH
+    return T5_LENGTHS[variant] if is_flux1(family) else SD3_T5_LENGTH
 
 
 def load_flow_folder(path: Path, section: Any, family: str) -> dict[str, Any]:
     """The BaseModel fields of a FLUX.1 / SD 3.5 diffusers folder (see the module docstring)."""
     import diffusers
 
+    from trainer.families import label, spec
+
     if section.model_version not in ("auto", family):
         raise ModelLoadError(f"{FIELD} = {str(path)!r}: model.model_version = "
                              f"{section.model_version!r}, but the folder holds a "
-                             f"{'FLUX.1' if family == 'flux1' else 'SD 3.5'} pipeline; set it "
-                             f"to 'auto' or {family!r}")
-    cls = diffusers.FluxPipeline if family == "flux1" else diffusers.StableDiffusion3Pipeline
+                             f"{label(family)} pipeline; set it to 'auto' or {family!r}")
+    cls = getattr(diffusers, spec(family).pipelines[0])
     try:
         parts = cls.from_pretrained(path, local_files_only=True).components
     except (OSError, ValueError, KeyError) as exc:
@@ -83,7 +95,8 @@ def load_flow_folder(path: Path, section: Any, family: str) -> dict[str, Any]:
 def load_flow_file(path: Path, section: Any, dtype: Any = None, t5_frozen: bool = False,
                    defer_denoiser: bool = False, store: bool = True) -> dict[str, Any]:
     """The BaseModel fields of a FLUX.1 / SD 3.x single file and the component files that
-    ``model.ae`` / ``clip_l`` / ``clip_g`` / ``t5xxl`` name (trainer/families/common/mmdit_single_file.py);
+    ``model.ae`` / ``clip_l`` / ``clip_g`` / ``t5xxl`` name
+    (trainer/families/common/mmdit_single_file.py);
     built in ``dtype`` (the run's compute dtype: a 12B FLUX.1 in fp32 is 48 GB), but for the
     weights that fp8 storage keeps, which load into fp8: the transformer's with
     ``model.base_precision = "fp8"``, T5's with ``model.fp8_text_encoders`` when the run does
@@ -98,10 +111,7 @@ def load_flow_file(path: Path, section: Any, dtype: Any = None, t5_frozen: bool 
     from trainer.families.common.mmdit_single_file import load_flow_components
 
     info = detect_flow_file(path)
-    if section.model_version not in ("auto", info.version):
-        raise ModelLoadError(f"{FIELD} = {str(path)!r}: model.model_version = "
-                             f"{section.model_version!r}, but the file is {info.description}; "
-                             f"set it to 'auto' or {info.version!r}")
+    version = file_version(path, section.model_version, info)
     if section.vae:
         raise ModelLoadError(f"model.vae is set, but {FIELD} is a FLUX.1 / SD 3.x file: name "
                              f"its autoencoder with model.ae (FLUX.1) or leave the file's own")
@@ -117,10 +127,37 @@ def load_flow_file(path: Path, section: Any, dtype: Any = None, t5_frozen: bool 
     transformer = parts.pop("transformer")
     return dict(parts, denoiser=transformer, noise_scheduler=parts.pop("scheduler"),
                 build_denoiser=parts.pop("build_transformer", None),
-                version=info.version, variant=info.variant, prediction_type="flow",
-                source=str(path), name=path.stem, description=info.description,
-                t5_max_length=t5_length(info.version, info.variant,
+                version=version, variant=info.variant, prediction_type="flow",
+                source=str(path), name=path.stem,
+                description=file_description(version, info),
+                t5_max_length=t5_length(version, info.variant,
                                         section.t5xxl_max_token_length))
+
+
+def file_version(path: Path, setting: str, info: Any) -> str:
+    """The family a single file loads as: the file's (``auto``), or the one
+    ``model.model_version`` names where that family reads the file's layout and variant (FLUX.1
+    Kontext [dev] has FLUX.1-dev's keys: only the setting tells them apart)."""
+    from trainer.families import spec
+
+    if setting in ("auto", info.version):
+        return info.version
+    named = spec(setting)
+    if named.folder == spec(info.version).folder and \
+            info.variant in (v.name for v in named.variants):
+        return setting
+    raise ModelLoadError(f"{FIELD} = {str(path)!r}: model.model_version = {setting!r}, but "
+                         f"the file is {info.description}; set it to 'auto' or "
+                         f"{info.version!r}")
+
+
+def file_description(version: str, info: Any) -> str:
+    """The log's description of a file loaded as ``version`` (the header's facts)."""
+    from trainer.families import label
+
+    if version == info.version:
+        return info.description
+    return f"{label(version)}, by model.model_version ({info.description})"
 
 
 def load_folder(path: Path, section: Any, family: str) -> dict[str, Any]:

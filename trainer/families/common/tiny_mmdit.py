@@ -40,7 +40,10 @@ SD3_WIDTHS = {"clip_l": 32, "clip_g": 48, "t5": 96}
 FLUX_ROPE_AXES = (4, 6, 6)  # (16, 56, 56) in FLUX.1: sum = attention_head_dim
 FLUX_T5_MAX_LENGTH = 512  # FLUX.1-dev's (schnell: 256); the pipelines' max_sequence_length
 SD3_T5_MAX_LENGTH = 256
-TINY_FLOW_BUILDERS = {"flux": "tiny-flux", "sd3": "tiny-sd3"}
+TINY_FLOW_BUILDERS = {"flux": "tiny-flux", "flux-kontext": "tiny-flux-kontext", "sd3": "tiny-sd3"}
+# the pipeline each tiny folder is written as (FLUX.1 Kontext: FLUX.1's components)
+TINY_FLOW_PIPELINES = {"flux": "FluxPipeline", "flux-kontext": "FluxKontextPipeline",
+                       "sd3": "StableDiffusion3Pipeline"}
 T5_SPECIALS = ("<pad>", "</s>", "<unk>")
 _T5_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789.,!?'-:;()"
 
@@ -152,18 +155,18 @@ def build_sd3_components(seed: int = TINY_SEED) -> dict:
 
 def save_tiny_flow_model(path: str | Path, seed: int = TINY_SEED, *,
                          family: str = "flux") -> Path:
-    """Write the tiny FLUX.1 (``family="flux"``) or SD 3.5 (``"sd3"``) as a diffusers folder,
-    with ``embedded.json`` naming the builder, as :func:`trainer.families.sd.tiny.save_tiny_model`."""
-    from diffusers import FluxPipeline, StableDiffusion3Pipeline
+    """Write the tiny FLUX.1 (``family="flux"``), FLUX.1 Kontext (``"flux-kontext"``: FLUX.1's
+    components in ``FluxKontextPipeline``'s folder) or SD 3.5 (``"sd3"``) as a diffusers
+    folder, with ``embedded.json`` naming the builder, as
+    :func:`trainer.families.sd.tiny.save_tiny_model`."""
+    import diffusers
 
     if family not in TINY_FLOW_BUILDERS:
         raise ValueError(f"family {family!r}: the tiny flow families are "
                          f"{sorted(TINY_FLOW_BUILDERS)}")
     path = Path(path)
-    if family == "flux":
-        pipe = FluxPipeline(**build_flux_components(seed))
-    else:
-        pipe = StableDiffusion3Pipeline(**build_sd3_components(seed))
+    parts = build_sd3_components(seed) if family == "sd3" else build_flux_components(seed)
+    pipe = getattr(diffusers, TINY_FLOW_PIPELINES[family])(**parts)
     tmp = path.with_name(path.name + ".partial")
     pipe.save_pretrained(tmp, safe_serialization=True)
     info = {"seed": seed, "builder": TINY_FLOW_BUILDERS[family]}

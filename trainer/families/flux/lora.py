@@ -254,3 +254,15 @@ def lycoris_module_name(component: str, path: str) -> str:
     if component == "text_encoder_2":
         return kohya_module_name(T5_PREFIX, path)
     raise ValueError(f"FLUX.1 has no component {component!r} for a LyCORIS file")
+
+
+def file_metadata(info: Any) -> dict[str, str]:
+    """What a FLUX.1 Kontext LoRA's metadata says beside the run's keys (FLUX.1's own are
+    trainer/families/common/mmdit_lora_file.py's): FLUX.1's file form and version (``flux1``,
+    ``networks.lora_flux``: musubi-tuner trains Kontext with that module and ComfyUI, diffusers
+    and sd-scripts read the file as FLUX.1's), the architecture naming Kontext."""
+    from trainer.families.common.mmdit_lora_file import FLUX_NETWORK_MODULE, FLUX_VERSION, IMPL_FLUX
+
+    return {"ss_base_model_version": FLUX_VERSION, "ss_network_module": FLUX_NETWORK_MODULE,
+            "modelspec.architecture": f"flux-1-kontext-{info.variant}/lora",
+            "modelspec.implementation": IMPL_FLUX}

@@ -17,9 +17,15 @@ def kohya_role(name: str) -> Optional[ModuleType]:
 
 
 def roles(objective: Optional[str] = None) -> dict[str, ModuleType]:
-    """{family: its kohya role} of the families (of one objective) that have one."""
-    found = {name: kohya_role(name) for name in names(objective=objective)}
-    return {name: module for name, module in found.items() if module is not None}
+    """{family: its kohya role} of the families (of one objective) that have one; a role that
+    two families of one folder share is the first's (FLUX.1 Kontext shares FLUX.1's folder,
+    and kohya_ss has no Kontext: its FLUX.1 tab is FLUX.1)."""
+    found: dict[str, ModuleType] = {}
+    for name in names(objective=objective):
+        module = kohya_role(name)
+        if module is not None and module not in found.values():
+            found[name] = module
+    return found
 
 
 def switches(objective: Optional[str] = None) -> dict[str, tuple[str, ...]]:
