@@ -43,7 +43,16 @@ import json
 from pathlib import Path
 
 from example_procs import cpu_kind
-from vs_example import CAPTION, add_arguments, measure, report, rounds, run_dir, studio_cmd
+from vs_example import (
+    CAPTION,
+    add_arguments,
+    build_images,
+    measure,
+    report,
+    rounds,
+    run_dir,
+    studio_cmd,
+)
 
 EXAMPLE = "train_dreambooth_lora_flux2_klein.py"
 OUT_LAYERS = ("9", "18", "27")  # Flux2KleinPipeline.encode_prompt's text_encoder_out_layers
@@ -105,7 +114,7 @@ def main() -> None:
     args = parser.parse_args()
     model = Path(args.work) / "k" / "model"
     if not (model / "model_index.json").exists():
-        from flux2_klein_model import build_images, build_model
+        from flux2_klein_model import build_model
 
         build_model(model, args.double, args.single)
         build_images(model.parent)

@@ -28,7 +28,6 @@ The model (fixed seed, stored in bf16 as the released files are):
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
