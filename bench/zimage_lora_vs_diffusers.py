@@ -37,23 +37,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
-import statistics
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import tomli_w
-from zimage_procs import cpu_kind, run_measured, wait_for_load
+from example_procs import cpu_kind
+from vs_example import add_arguments, measure, report, rounds, run_dir, studio_cmd
 
-ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = "train_dreambooth_lora_z_image.py"
-TOOLS = ("diffusers", "studio")
-STEP_RE = {"diffusers": r"\s*Steps:\s+\d+%\|.*?\|\s*(\d+)/{n} \[",
-           "studio": r"\s*(\d+)/{n} \(\d+%\)"}
-TARGET = 0.8
 
 
 def example_cmd(args, model: Path, data: Path, out: Path) -> list[str]:
@@ -82,108 +71,24 @@ def studio_config(model: Path, data: Path, out: Path, steps: int) -> dict:
     }
 
 
-def studio_cmd(args, model: Path, data: Path, out: Path) -> list[str]:
-    config = out.parent / f"{out.name}.toml"
-    config.write_text(tomli_w.dumps(studio_config(model, data, out, args.steps)))
-    return [str(ROOT / ".venv/bin/python"), "-m", "trainer", "train", str(config),
-            *args.studio_args]  # run in --studio-root: its trainer/ is the one imported
-
-
-def step_times(segments: list[tuple[float, str]], tool: str, steps: int) -> dict[int, float]:
-    """Step number -> seconds from launch of its first progress update."""
-    pattern = re.compile(STEP_RE[tool].format(n=steps))
-    first: dict[int, float] = {}
-    for t, text in segments:
-        if m := pattern.match(text):
-            first.setdefault(int(m.group(1)), t)
-    return first
-
-
-def summarize(run: dict, tool: str, steps: int) -> dict:
-    first = step_times(run["segments"], tool, steps)
-    singles = [first[k] - first[k - 1] for k in range(2, steps + 1) if k in first and k - 1 in first]
-    return {"rc": run["rc"], "wall_s": round(run["wall_s"], 1), "load": run["load_before"],
-            "step1_s": round(first[1], 1) if 1 in first else None,
-            "s_per_step": round(statistics.median(singles), 2) if singles else None,
-            "steps": [round(s, 2) for s in singles],
-            "peak_gib": round(max(run["tree_peak"], run["maxrss"]) / 2**30, 2),
-            "tree_peak_gib": round(run["tree_peak"] / 2**30, 2),
-            "maxrss_gib": round(run["maxrss"] / 2**30, 2)}
-
-
 def one_run(args, tool: str, rep: str, model: Path) -> dict:
     work = Path(args.work)
-    out = work / "runs" / f"{args.runs_tag}{tool}_{rep}"
-    subprocess.run(["rm", "-rf", str(out)], check=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    env = {"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "TQDM_MININTERVAL": "0"}
-    if args.threads:
-        env["OMP_NUM_THREADS"] = str(args.threads)
+    out = run_dir(args, tool, rep)
     if tool == "diffusers":
         cmd, cwd = example_cmd(args, model, work / "z" / "images", out), args.example
     else:
-        cmd, cwd = studio_cmd(args, model, work / "z" / "data", out), args.studio_root
-        env["KOHYA_STUDIO_PROGRESS"] = "lines"
-    load = wait_for_load(args.max_load, args.load_wait)
-    run = run_measured(cmd, cwd, env, out.parent / f"{out.name}.log", args.timeout)
-    run["load_before"] = load
-    result = summarize(run, tool, args.steps)
-    print(f"{tool} {rep}: {json.dumps(result)}", flush=True)
-    if run["rc"] != 0:
-        print("\n".join(text for _, text in run["segments"][-15:]), file=sys.stderr)
-    return result
-
-
-def median_of(results: list[dict], key: str):
-    values = [r[key] for r in results if r.get(key) is not None and r["rc"] == 0]
-    return round(statistics.median(values), 2) if values else None
-
-
-def report(done: dict[str, list[dict]], args) -> None:
-    rows = {tool: {k: median_of(done[tool], k) for k in ("s_per_step", "peak_gib", "step1_s")}
-            for tool in done}
-    print(f"\nZ-Image LoRA, 256 px, fp32, batch 1, {args.steps} steps; median of "
-          f"{args.reps} (runs: {', '.join(f'{t} {len(v)}' for t, v in done.items())})")
-    print(f"CPU: {cpu_kind()}; threads (OMP_NUM_THREADS): {args.threads or 'each tool its own'}")
-    print(f"| run | s/step | peak RSS (GiB) | start -> step 1 (s) |\n|---|---|---|---|")
-    for tool, row in rows.items():
-        label = "diffusers example" if tool == "diffusers" else "studio"
-        print(f"| {label} | {row['s_per_step']} | {row['peak_gib']} | {row['step1_s']} |")
-    if all(t in rows for t in TOOLS):
-        for key, name in (("s_per_step", "s/step"), ("peak_gib", "peak RSS"),
-                          ("step1_s", "start -> step 1")):
-            a, b = rows["studio"][key], rows["diffusers"][key]
-            if a and b:
-                goal = f" (target <= {TARGET})" if key != "step1_s" else ""
-                mark = "" if key == "step1_s" else (" met" if a / b <= TARGET else " MISSED")
-                print(f"studio / example {name}: {a / b:.2f}{goal}{mark}")
+        config = studio_config(model, work / "z" / "data", out, args.steps)
+        cmd, cwd = studio_cmd(args, config, out), args.studio_root
+    return measure(args, tool, rep, out, cmd, cwd)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--example", required=True, help=f"the folder holding {EXAMPLE}")
-    parser.add_argument("--df-python", default=sys.executable)
-    parser.add_argument("--work", default="/tmp/zbench")
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--warmup", action="store_true", help="one unmeasured run of each first")
-    parser.add_argument("--only", default=",".join(TOOLS))
-    parser.add_argument("--max-load", type=float, default=1.0)
-    parser.add_argument("--load-wait", type=float, default=120.0)
-    parser.add_argument("--timeout", type=float, default=3600.0)
-    parser.add_argument("--studio-root", default=str(ROOT),
-                        help="the checkout whose trainer/ runs (default: this one)")
-    parser.add_argument("--runs-tag", default="", help="a prefix of this bench's run folders")
-    parser.add_argument("--threads", type=int, default=os.cpu_count(),
-                        help="OMP_NUM_THREADS of both (0: each tool's own choice; the studio "
-                        "takes one core fewer while other processes keep one busy)")
-    parser.add_argument("--df-args", nargs="*", default=[])
-    parser.add_argument("--studio-args", nargs="*", default=[])
+    add_arguments(parser, EXAMPLE, "/tmp/zbench")
     parser.add_argument("--layers", type=int, default=1)
     parser.add_argument("--refiners", type=int, default=1)
     parser.add_argument("--te-layers", type=int, default=2)
     args = parser.parse_args()
-    tools = [t for t in TOOLS if t in args.only.split(",")]
     model = Path(args.work) / "z" / "model"
     if not (model / "model_index.json").exists():
         from zimage_model import build_images, build_model
@@ -192,15 +97,8 @@ def main() -> None:
         build_images(model.parent)
     print(f"model: {model} ({json.loads((model / 'transformer/config.json').read_text())['n_layers']}"
           f" layers); CPU: {cpu_kind()}; threads: {args.threads or 'each tool its own'}")
-    if args.warmup:
-        for tool in tools:
-            one_run(args, tool, "warmup", model)
-    done: dict[str, list[dict]] = {t: [] for t in tools}
-    for rep in range(args.reps):
-        for tool in tools:
-            done[tool].append(one_run(args, tool, str(rep + 1), model))
-    (Path(args.work) / f"{args.runs_tag}results.json").write_text(json.dumps(done, indent=1))
-    report(done, args)
+    done = rounds(args, lambda tool, rep: one_run(args, tool, rep, model))
+    report(done, args, "Z-Image LoRA, 256 px, fp32, batch 1")
 
 
 if __name__ == "__main__":

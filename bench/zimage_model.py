@@ -26,16 +26,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-CAPTION = "a red circle, shapes"
-IMAGES = 6
-SIZE = 256
-SEED = 42
+from vs_example import CAPTION, SEED, build_images  # noqa: F401 - the bench reads CAPTION here
 
+ROOT = Path(__file__).resolve().parent.parent
 TRANSFORMER = dict(all_patch_size=[2], all_f_patch_size=[1], in_channels=16, dim=3840,
                    n_heads=30, n_kv_heads=30, norm_eps=1e-5, qk_norm=True, cap_feat_dim=2560,
                    rope_theta=256.0, t_scale=1000.0, axes_dims=[32, 48, 48],
@@ -83,25 +79,6 @@ def build_model(out: Path, layers: int, refiners: int, te_layers: int) -> None:
     (out / "scheduler" / "scheduler_config.json").write_text(json.dumps(SCHEDULER, indent=2))
     index = {**MODEL_INDEX, "_diffusers_version": diffusers.__version__}
     (out / "model_index.json").write_text(json.dumps(index, indent=2))
-
-
-def build_images(out: Path, count: int = IMAGES) -> None:
-    """``count`` 256 px images of coloured shapes on light backgrounds (fixed seed), in
-    ``out/images`` (images only) and ``out/data/1_shape`` (with a caption file each)."""
-    from PIL import Image, ImageDraw
-
-    rng = random.Random(SEED)
-    plain, captioned = out / "images", out / "data" / "1_shape"
-    for folder in (plain, captioned):
-        folder.mkdir(parents=True, exist_ok=True)
-    for i in range(count):
-        img = Image.new("RGB", (SIZE, SIZE), tuple(rng.randint(190, 255) for _ in range(3)))
-        r, cx, cy = rng.randint(40, 80), rng.randint(90, 166), rng.randint(90, 166)
-        fill = tuple(rng.randint(0, 160) for _ in range(3))
-        ImageDraw.Draw(img).ellipse([cx - r, cy - r, cx + r, cy + r], fill=fill)
-        for folder in (plain, captioned):
-            img.save(folder / f"{i:02d}.png")
-        (captioned / f"{i:02d}.txt").write_text(CAPTION, encoding="utf-8")
 
 
 def main() -> None:

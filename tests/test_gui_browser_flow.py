@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 from gui_helpers import ARTIFACTS, gui_home, one_torch_thread  # noqa: F401
-from playwright.sync_api import Page
 from test_gui_browser import (  # noqa: F401 - the fixtures are used by name
     CURVE_DRAWN,
     app_url,
@@ -15,31 +14,17 @@ from test_gui_browser import (  # noqa: F401 - the fixtures are used by name
     page,
     text_input,
 )
-from test_gui_browser_modes import train_and_wait
+from test_gui_browser_modes import choose_lora_preset, train_and_wait
 
 pytestmark = pytest.mark.browser
 
 NAME = "tiny-flux-lora"
 
 
-def choose_flux_preset(view: Page) -> None:
-    view.click("#lora-preset input")
-    view.get_by_role("option", name="tiny-flux", exact=True).click()
-    # the page opens with the default preset's "Loaded preset" message: wait for this one's,
-    # and for its model in the field (a loaded machine drew them after the old message once)
-    view.wait_for_function(
-        "() => document.querySelector('#lora-file-msg').innerText.includes('`tiny-flux`')"
-        " || document.querySelector('#lora-file-msg').innerText.includes('tiny-flux.toml')")
-    view.wait_for_function(
-        "() => document.querySelector('#lora-model-pretrained_model_name_or_path input, "
-        "#lora-model-pretrained_model_name_or_path textarea')?.value === 'embedded:tiny-flux'")
-    assert text_input(view, "lora-saving-output_name").input_value() == NAME
-
-
 def test_the_tiny_flux_preset_trains_from_the_lora_tab(page, one_torch_thread,  # noqa: F811
                                                        tmp_path):
     out = tmp_path / "flux"
-    choose_flux_preset(page)
+    choose_lora_preset(page, "tiny-flux", NAME)
     # the family's own fields show for a FLUX.1 model, SD 3.5's do not (kohya_gui/family_view.py)
     # each edit of the search is one round trip that redraws the form: filled at once, not
     # typed key by key (eight redraws that a loaded machine did not finish in 30 s once)

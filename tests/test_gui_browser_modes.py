@@ -45,6 +45,23 @@ def train_default_preset(view: Page, mode: str, title: str, name: str, out: Path
     return str(expected)
 
 
+def choose_lora_preset(view: Page, preset: str, name: str) -> None:
+    """Choose the LoRA tab's preset ``preset`` (presets/lora/<preset>.toml, whose model is
+    ``embedded:<preset>`` and whose output name is ``name``) and wait until the form shows it."""
+    view.click("#lora-preset input")
+    view.get_by_role("option", name=preset, exact=True).click()
+    # the page opens with the default preset's "Loaded preset" message: wait for this one's,
+    # and for its model in the field (a loaded machine drew them after the old message once)
+    view.wait_for_function(
+        f"() => document.querySelector('#lora-file-msg').innerText.includes('`{preset}`')"
+        f" || document.querySelector('#lora-file-msg').innerText.includes('{preset}.toml')")
+    view.wait_for_function(
+        "() => document.querySelector('#lora-model-pretrained_model_name_or_path input, "
+        "#lora-model-pretrained_model_name_or_path textarea')?.value === "
+        f"'embedded:{preset}'")
+    assert text_input(view, "lora-saving-output_name").input_value() == name
+
+
 def train_and_wait(view: Page, mode: str, name: str, out: Path, steps: int = 60) -> Path:
     """Click the tab's Train and wait for the curve, "finished" for this job, the output path
     and the samples; returns the output file."""

@@ -1,4 +1,5 @@
-"""How bench/zimage_lora_vs_diffusers.py runs and measures one training process: its output
+"""How the benches of the studio against diffusers' examples (bench/zimage_lora_vs_diffusers.py,
+bench/flux2_klein_lora_vs_diffusers.py) run and measure one training process: its output
 timestamped as it arrives (each carriage-return or newline segment, so every progress-bar
 refresh), the RSS of its process tree polled, its own peak RSS from ``wait4``; and the
 machine facts the table notes (the CPU kind, the load before a run)."""
