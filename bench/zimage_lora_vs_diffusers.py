@@ -8,7 +8,14 @@ The model and images are bench/zimage_model.py's (built into ``WORK/z`` if missi
 at real width (dim 3840, Qwen3 width 2560) with a few blocks and random weights. The example's
 code is not the project's: take it from a diffusers snapshot into a folder outside the checkout
 (``--example``: the folder holding the script) and run it with a Python that has diffusers,
-transformers, accelerate, peft and torchvision (``--df-python``; default: this venv's).
+transformers, accelerate, peft and torchvision (``--df-python``; default: this venv's). Where
+torchvision has no wheel (no CPU build for the box), ``--df-python`` may be a wrapper around this
+venv's Python that imports transformers and diffusers first (so that they cache "no
+torchvision" and use none themselves), then puts a stand-in on ``sys.path`` with the calls the
+example makes (``transforms.InterpolationMode``, ``RandomCrop.get_params``; ``functional``'s
+``resize``, ``center_crop``, ``crop``, ``hflip``, ``to_tensor``, ``normalize`` on PIL images)
+and runs the script with ``runpy``: the example's step, its models and its memory are
+untouched (only its image preprocessing goes through the stand-in).
 
 Same for both: LoRA rank 4 alpha 4 (the example's defaults) on the transformer only, AdamW,
 lr 1e-4 constant, no warm-up, batch 1, 256 px (one square size, no buckets), ``--steps``
@@ -21,8 +28,11 @@ attention (to_q, to_k, to_v, to_out.0) of every block, refiners included; the st
 family's (musubi-tuner's: attention and SwiGLU of the main layers), so its backward pass stops
 at the main layers, where the example's goes on through the refiners: at the bench's depth
 (one main layer, two refiners) that is a large share of a step, at the real depth (30 and 4)
-a small one. ``--studio-root`` runs another checkout's trainer/ (e.g. a fix, against the
-same example figures).
+a small one. Both encode each image with the VAE at every step of the bench's 5 (the studio's
+latent cache fills as epoch 1 reaches each of the 6 images): the FLUX.1 autoencoder's encoder
+at 256 px is 0.27 TFLOP, more than the transformer's forward at the default depth (0.20), and
+the same in both, so it bounds how far apart the two steps can be. ``--studio-root`` runs
+another checkout's trainer/ (e.g. a fix, against the same example figures).
 
 ``--reps`` rounds, the tools alternated, one run at a time, each started once the 1-minute load
 average is under ``--max-load`` (or after ``--load-wait`` seconds, noted). For each run: s/step
@@ -42,7 +52,6 @@ import re
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import tomli_w
@@ -101,7 +110,8 @@ def step_times(segments: list[tuple[float, str]], tool: str, steps: int) -> dict
 
 def summarize(run: dict, tool: str, steps: int) -> dict:
     first = step_times(run["segments"], tool, steps)
-    singles = [first[k] - first[k - 1] for k in range(2, steps + 1) if k in first and k - 1 in first]
+    singles = [first[k] - first[k - 1] for k in range(2, steps + 1)
+               if k in first and k - 1 in first]
     return {"rc": run["rc"], "wall_s": round(run["wall_s"], 1), "load": run["load_before"],
             "step1_s": round(first[1], 1) if 1 in first else None,
             "s_per_step": round(statistics.median(singles), 2) if singles else None,
@@ -145,7 +155,9 @@ def report(done: dict[str, list[dict]], args) -> None:
     print(f"\nZ-Image LoRA, 256 px, fp32, batch 1, {args.steps} steps; median of "
           f"{args.reps} (runs: {', '.join(f'{t} {len(v)}' for t, v in done.items())})")
     print(f"CPU: {cpu_kind()}; threads (OMP_NUM_THREADS): {args.threads or 'each tool its own'}")
-    print(f"| run | s/step | peak RSS (GiB) | start -> step 1 (s) |\n|---|---|---|---|")
+    loads = [r["load"] for runs in done.values() for r in runs]
+    print(f"1-minute load average before the runs: {min(loads)} to {max(loads)}")
+    print("| run | s/step | peak RSS (GiB) | start -> step 1 (s) |\n|---|---|---|---|")
     for tool, row in rows.items():
         label = "diffusers example" if tool == "diffusers" else "studio"
         print(f"| {label} | {row['s_per_step']} | {row['peak_gib']} | {row['step1_s']} |")
@@ -190,8 +202,9 @@ def main() -> None:
 
         build_model(model, args.layers, args.refiners, args.te_layers)
         build_images(model.parent)
-    print(f"model: {model} ({json.loads((model / 'transformer/config.json').read_text())['n_layers']}"
-          f" layers); CPU: {cpu_kind()}; threads: {args.threads or 'each tool its own'}")
+    layers = json.loads((model / "transformer/config.json").read_text())["n_layers"]
+    print(f"model: {model} ({layers} layers); CPU: {cpu_kind()}; "
+          f"threads: {args.threads or 'each tool its own'}")
     if args.warmup:
         for tool in tools:
             one_run(args, tool, "warmup", model)
