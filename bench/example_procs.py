@@ -1,8 +1,8 @@
 """How the benches of the studio against diffusers' examples (bench/zimage_lora_vs_diffusers.py,
 bench/flux2_klein_lora_vs_diffusers.py) run and measure one training process: its output
 timestamped as it arrives (each carriage-return or newline segment, so every progress-bar
-refresh), the RSS of its process tree polled, its own peak RSS from ``wait4``; and the
-machine facts the table notes (the CPU kind, the load before a run)."""
+refresh), the RSS and the CPU seconds of its process tree polled, its own peak RSS from
+``wait4``; and the machine facts the table notes (the CPU kind, the load before a run)."""
 
 from __future__ import annotations
 
@@ -36,39 +36,53 @@ def _read_segments(stream, t0: float, segments: list, log) -> None:
         segments.append((stamp, buf.decode("utf-8", "replace").strip()))
 
 
-def _tree_rss(pid: int) -> int:
+def _tree_usage(pid: int) -> tuple[int, float]:
+    """The RSS (bytes) and the CPU seconds (user + system, all threads) of ``pid`` and its
+    descendants."""
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]
     except psutil.Error:
-        return 0
-    total = 0
+        return 0, 0.0
+    rss, cpu = 0, 0.0
     for proc in procs:
         try:
-            total += proc.memory_info().rss
+            rss += proc.memory_info().rss
+            times = proc.cpu_times()
+            cpu += times.user + times.system
         except psutil.Error:
             pass
-    return total
+    return rss, cpu
 
 
-def _poll_rss(pid: int, stop: threading.Event, peak: list) -> None:
+def _poll(pid: int, t0: float, stop: threading.Event, peak: list, cpu: list) -> None:
     while not stop.is_set():
-        peak[0] = max(peak[0], _tree_rss(pid))
+        rss, seconds = _tree_usage(pid)
+        peak[0] = max(peak[0], rss)
+        if seconds:
+            cpu.append((time.monotonic() - t0, seconds))
         stop.wait(0.1)
+
+
+def cpu_at(samples: list[tuple[float, float]], t: float) -> float | None:
+    """The tree's CPU seconds at ``t`` seconds from launch (the last sample before it)."""
+    before = [seconds for when, seconds in samples if when <= t]
+    return before[-1] if before else None
 
 
 def run_measured(cmd: list[str], cwd: str, env: dict, log_path: Path, timeout: float) -> dict:
     """Runs ``cmd`` in its own session; {rc, wall_s, segments [(s, text)], tree_peak bytes,
-    maxrss bytes}. Killed (its whole group) past ``timeout`` seconds. The output goes to
-    ``log_path``, its segments with their seconds from launch to ``log_path``'s ``.ts``."""
+    maxrss bytes, cpu [(s, the tree's CPU seconds) every 0.1 s]}. Killed (its whole group) past
+    ``timeout`` seconds. The output goes to ``log_path``, its segments with their seconds from
+    launch to ``log_path``'s ``.ts``."""
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=cwd, env={**os.environ, **env}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True)
     segments: list = []
-    peak, stop = [0], threading.Event()
+    peak, cpu, stop = [0], [], threading.Event()
     with open(log_path, "wb", buffering=0) as log:
         reader = threading.Thread(target=_read_segments, args=(proc.stdout, t0, segments, log))
-        poller = threading.Thread(target=_poll_rss, args=(proc.pid, stop, peak))
+        poller = threading.Thread(target=_poll, args=(proc.pid, t0, stop, peak, cpu))
         reader.start()
         poller.start()
         timer = threading.Timer(timeout, lambda: os.killpg(proc.pid, signal.SIGKILL))
@@ -84,7 +98,7 @@ def run_measured(cmd: list[str], cwd: str, env: dict, log_path: Path, timeout: f
     proc.returncode = os.waitstatus_to_exitcode(status)
     log_path.with_suffix(".ts").write_text("".join(f"{t:.2f}\t{text}\n" for t, text in segments))
     return {"rc": proc.returncode, "wall_s": wall, "segments": segments,
-            "tree_peak": peak[0], "maxrss": usage.ru_maxrss * 1024}
+            "tree_peak": peak[0], "maxrss": usage.ru_maxrss * 1024, "cpu": cpu}
 
 
 def wait_for_load(max_load: float, timeout: float) -> float:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import tomli_w
-from example_procs import cpu_kind, run_measured, wait_for_load
+from example_procs import cpu_at, cpu_kind, run_measured, wait_for_load
 
 ROOT = Path(__file__).resolve().parent.parent
 CAPTION = "a red circle, shapes"
@@ -104,11 +104,16 @@ def step_times(segments: list[tuple[float, str]], tool: str, steps: int) -> dict
 
 def summarize(run: dict, tool: str, steps: int) -> dict:
     first = step_times(run["segments"], tool, steps)
-    singles = [first[k] - first[k - 1] for k in range(2, steps + 1)
-               if k in first and k - 1 in first]
+    pairs = [(first[k - 1], first[k]) for k in range(2, steps + 1)
+             if k in first and k - 1 in first]
+    singles = [b - a for a, b in pairs]
+    samples = run.get("cpu") or []
+    cpu = [cpu_at(samples, b) - cpu_at(samples, a) for a, b in pairs
+           if cpu_at(samples, a) is not None and cpu_at(samples, b) is not None]
     return {"rc": run["rc"], "wall_s": round(run["wall_s"], 1), "load": run["load_before"],
             "step1_s": round(first[1], 1) if 1 in first else None,
             "s_per_step": round(statistics.median(singles), 2) if singles else None,
+            "cpu_s_per_step": round(statistics.median(cpu), 2) if cpu else None,
             "steps": [round(s, 2) for s in singles],
             "peak_gib": round(max(run["tree_peak"], run["maxrss"]) / 2**30, 2),
             "tree_peak_gib": round(run["tree_peak"] / 2**30, 2),
@@ -157,20 +162,26 @@ def median_of(results: list[dict], key: str):
 def report(done: dict[str, list[dict]], args, title: str) -> None:
     """The table of medians and the studio's ratios to the example (``title``: the run's
     model and settings)."""
-    rows = {tool: {k: median_of(done[tool], k) for k in ("s_per_step", "peak_gib", "step1_s")}
-            for tool in done}
+    keys = ("s_per_step", "cpu_s_per_step", "peak_gib", "step1_s")
+    rows = {tool: {k: median_of(done[tool], k) for k in keys} for tool in done}
     print(f"\n{title}, {args.steps} steps; median of "
           f"{args.reps} (runs: {', '.join(f'{t} {len(v)}' for t, v in done.items())})")
     print(f"CPU: {cpu_kind()}; threads (OMP_NUM_THREADS): {args.threads or 'each tool its own'}")
-    print("| run | s/step | peak RSS (GiB) | start -> step 1 (s) |\n|---|---|---|---|")
+    loads = [r["load"] for runs in done.values() for r in runs if r.get("load") is not None]
+    if loads:
+        print(f"1-minute load average before the runs: {min(loads)} to {max(loads)}")
+    print("| run | s/step | CPU s/step | peak RSS (GiB) | start -> step 1 (s) |\n"
+          "|---|---|---|---|---|")
     for tool, row in rows.items():
         label = "diffusers example" if tool == "diffusers" else "studio"
-        print(f"| {label} | {row['s_per_step']} | {row['peak_gib']} | {row['step1_s']} |")
+        print(f"| {label} | {row['s_per_step']} | {row['cpu_s_per_step']} | "
+              f"{row['peak_gib']} | {row['step1_s']} |")
     if all(t in rows for t in TOOLS):
-        for key, name in (("s_per_step", "s/step"), ("peak_gib", "peak RSS"),
-                          ("step1_s", "start -> step 1")):
+        for key, name in (("s_per_step", "s/step"), ("cpu_s_per_step", "CPU s/step"),
+                          ("peak_gib", "peak RSS"), ("step1_s", "start -> step 1")):
             a, b = rows["studio"][key], rows["diffusers"][key]
             if a and b:
-                goal = f" (target <= {TARGET})" if key != "step1_s" else ""
-                mark = "" if key == "step1_s" else (" met" if a / b <= TARGET else " MISSED")
+                judged = key in ("s_per_step", "peak_gib")
+                goal = f" (target <= {TARGET})" if judged else ""
+                mark = (" met" if a / b <= TARGET else " MISSED") if judged else ""
                 print(f"studio / example {name}: {a / b:.2f}{goal}{mark}")

@@ -8,7 +8,14 @@ The model and images are bench/zimage_model.py's (built into ``WORK/z`` if missi
 at real width (dim 3840, Qwen3 width 2560) with a few blocks and random weights. The example's
 code is not the project's: take it from a diffusers snapshot into a folder outside the checkout
 (``--example``: the folder holding the script) and run it with a Python that has diffusers,
-transformers, accelerate, peft and torchvision (``--df-python``; default: this venv's).
+transformers, accelerate, peft and torchvision (``--df-python``; default: this venv's). Where
+torchvision has no wheel (no CPU build for the box), ``--df-python`` may be a wrapper around this
+venv's Python that imports transformers and diffusers first (so that they cache "no
+torchvision" and use none themselves), then puts a stand-in on ``sys.path`` with the calls the
+example makes (``transforms.InterpolationMode``, ``RandomCrop.get_params``; ``functional``'s
+``resize``, ``center_crop``, ``crop``, ``hflip``, ``to_tensor``, ``normalize`` on PIL images)
+and runs the script with ``runpy``: the example's step, its models and its memory are
+untouched (only its image preprocessing goes through the stand-in).
 
 Same for both: LoRA rank 4 alpha 4 (the example's defaults) on the transformer only, AdamW,
 lr 1e-4 constant, no warm-up, batch 1, 256 px (one square size, no buckets), ``--steps``
@@ -21,15 +28,21 @@ attention (to_q, to_k, to_v, to_out.0) of every block, refiners included; the st
 family's (musubi-tuner's: attention and SwiGLU of the main layers), so its backward pass stops
 at the main layers, where the example's goes on through the refiners: at the bench's depth
 (one main layer, two refiners) that is a large share of a step, at the real depth (30 and 4)
-a small one. ``--studio-root`` runs another checkout's trainer/ (e.g. a fix, against the
-same example figures).
+a small one. Both encode each image with the VAE at every step of the bench's 5 (the studio's
+latent cache fills as epoch 1 reaches each of the 6 images): the FLUX.1 autoencoder's encoder
+at 256 px is 0.27 TFLOP, more than the transformer's forward at the default depth (0.20), and
+the same in both, so it bounds how far apart the two steps can be. ``--studio-root`` runs
+another checkout's trainer/ (e.g. a fix, against the same example figures).
 
 ``--reps`` rounds, the tools alternated, one run at a time, each started once the 1-minute load
 average is under ``--max-load`` (or after ``--load-wait`` seconds, noted). For each run: s/step
 is the median of the steps after the first (from each tool's progress output, timestamped
-here as it arrives); start -> step 1 is from launch to step 1's progress update; peak RSS is
-the largest sum of the RSS of the process and its descendants (polled every 0.1 s), or the
-process's own peak (``wait4``'s maxrss) where that is larger. The table gives the median of
+here as it arrives); CPU s/step the median of the CPU seconds (user + system, every thread)
+its process tree spent over the same steps, which other work on the machine stretches far
+less than the wall-clock seconds (a figure to read beside s/step on a shared machine);
+start -> step 1 is from launch to step 1's progress update; peak RSS is the largest sum of
+the RSS of the process and its descendants (polled every 0.1 s), or the process's own peak
+(``wait4``'s maxrss) where that is larger. The table gives the median of
 the rounds and the studio's ratios to the example.
 """
 
@@ -95,8 +108,9 @@ def main() -> None:
 
         build_model(model, args.layers, args.refiners, args.te_layers)
         build_images(model.parent)
-    print(f"model: {model} ({json.loads((model / 'transformer/config.json').read_text())['n_layers']}"
-          f" layers); CPU: {cpu_kind()}; threads: {args.threads or 'each tool its own'}")
+    layers = json.loads((model / "transformer/config.json").read_text())["n_layers"]
+    print(f"model: {model} ({layers} layers); CPU: {cpu_kind()}; "
+          f"threads: {args.threads or 'each tool its own'}")
     done = rounds(args, lambda tool, rep: one_run(args, tool, rep, model))
     report(done, args, "Z-Image LoRA, 256 px, fp32, batch 1")
 

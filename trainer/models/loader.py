@@ -141,15 +141,34 @@ def _from_folder(path: Path, section: ModelSection, dtype: Any = None,
                  defer_denoiser: bool = False) -> BaseModel:
     """A diffusers folder through its family's load role; ``dtype`` (the run's compute dtype)
     and ``defer_denoiser`` reach a role whose ``load_folder`` takes them (the denoiser then
-    waits for ``build_denoiser``)."""
+    waits for ``build_denoiser``). diffusers' models (the denoiser, the VAE) are filled from
+    their files tensor by tensor, never with a whole file mapped beside the built model
+    (:func:`trainer.models.streamed_load.streamed_folders`), the deferred denoiser too."""
     import inspect
+
+    from trainer.models.streamed_load import streamed_folders
 
     name = _folder_version(path)
     load_folder = registry.role(name, "load").load_folder
     takes = inspect.signature(load_folder).parameters
     extra = {key: value for key, value in (("dtype", dtype), ("defer_denoiser", defer_denoiser))
              if value not in (None, False) and key in takes}
-    return BaseModel(**load_folder(path, section, name, **extra))
+    with streamed_folders():
+        fields = load_folder(path, section, name, **extra)
+    if fields.get("build_denoiser") is not None:
+        fields["build_denoiser"] = _streamed_build(fields["build_denoiser"])
+    return BaseModel(**fields)
+
+
+def _streamed_build(build: Any) -> Any:
+    """``build(dtype)`` with diffusers' models filled tensor by tensor (see _from_folder)."""
+    def streamed_build(dtype: Any) -> Any:
+        from trainer.models.streamed_load import streamed_folders
+
+        with streamed_folders():
+            return build(dtype)
+
+    return streamed_build
 
 
 # --- single checkpoint files ------------------------------------------------------------------
