@@ -130,7 +130,7 @@ def test_the_releases_are_read_from_their_files(releases):
 
 PRESETS = [("klein-4b", "flux2-klein-4b-24gb", 24), ("klein-4b", "flux2-klein-4b-16gb", 16),
            ("klein-4b", "flux2-klein-4b-12gb", 12), ("klein-9b", "flux2-klein-9b-24gb", 24),
-           ("klein-9b", "flux2-klein-9b-16gb", 16)]
+           ("klein-9b", "flux2-klein-9b-16gb", 16), ("dev", "flux2-dev-24gb", 24)]
 
 
 @pytest.mark.parametrize("variant, preset, gb", PRESETS, ids=[p[1] for p in PRESETS])
