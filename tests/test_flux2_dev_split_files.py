@@ -17,17 +17,15 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
-from test_flux2_split_files import bf16, fp8mixed, to_bf16
+from test_flux2_split_files import bf16, fp8mixed, to_bf16, train_text_first
 from train_helpers import one_image_dataset, small_config
 
 from trainer.config import ModelSection
-from trainer.events import ListSink, Log
+from trainer.events import ListSink
 from trainer.families import detect_path, family_of
-from trainer.families.flux2 import single_file
 from trainer.families.flux2.checkpoint import bfl_tensors, save_checkpoint, vae_tensors
 from trainer.families.spec import ModelLoadError
 from trainer.models.loader import load_base_model, resolve_model_path
-from trainer.run import caches, text_first
 from trainer.run.loop import run
 
 pytestmark = pytest.mark.usefixtures("no_network")
@@ -148,31 +146,8 @@ def test_a_wrong_or_missing_text_encoder_names_its_setting(split, tmp_path):
 def test_a_lora_trains_from_the_split_files_text_first(split, tmp_path, monkeypatch):
     """The captions are encoded and Mistral released before the 32B transformer is built."""
     _, files, _ = split
-    seen, real_fill, real_build = {}, caches.fill_text_cache, single_file.build_transformer
-
-    def fill(s, out, **kwargs):
-        seen["session"] = s
-        real_fill(s, out, **kwargs)
-
-    def build(*args, **kwargs):
-        if "session" in seen:
-            model = seen["session"].model
-            seen["released"] = [text_first.released(enc) for _, enc, _ in
-                                family_of(model).text_encoders(model)]
-        return real_build(*args, **kwargs)
-
-    monkeypatch.setattr(caches, "fill_text_cache", fill)
-    monkeypatch.setattr(single_file, "build_transformer", build)
-    data = one_image_dataset(tmp_path / "data")
-    model = section(files, "mixed").model_dump(exclude_none=True)
-    cfg = small_config(tmp_path, data, model=model,
-                       training={"max_train_steps": 2, "mixed_precision": "no"})
-    sink = ListSink()
-    result = run(cfg, sink)
-    assert result.status == "finished", result.error
-    assert Path(result.output_path).is_file()
-    assert seen["released"] == [True]
-    logs = [e.message for e in sink.of(Log)]
+    _, logs, released = train_text_first(section(files, "mixed"), tmp_path, monkeypatch)
+    assert released == [True]
     assert any("FLUX.2 [dev]" in m for m in logs if m.startswith("Base model"))
     assert any(m.startswith("Text encoders released") for m in logs)
 

@@ -124,9 +124,9 @@ def test_a_missing_part_names_its_setting(split):
             load_base_model(bare)
 
 
-def test_a_lora_trains_from_the_split_files_text_first(split, tmp_path, monkeypatch):
-    """The captions are encoded and Qwen3 released before the transformer is built."""
-    _, files, _ = split
+def train_text_first(model_section: ModelSection, tmp_path: Path, monkeypatch):
+    """A 2-step LoRA run from split files, watching the transformer's build: (result, log
+    messages, whether each text encoder was released when the transformer was built)."""
     seen, real_fill, real_build = {}, caches.fill_text_cache, single_file.build_transformer
 
     def fill(s, out, **kwargs):
@@ -143,15 +143,21 @@ def test_a_lora_trains_from_the_split_files_text_first(split, tmp_path, monkeypa
     monkeypatch.setattr(caches, "fill_text_cache", fill)
     monkeypatch.setattr(single_file, "build_transformer", build)
     data = one_image_dataset(tmp_path / "data")
-    model = section(files).model_dump(exclude_none=True)
-    cfg = small_config(tmp_path, data, model=model,
+    cfg = small_config(tmp_path, data, model=model_section.model_dump(exclude_none=True),
                        training={"max_train_steps": 2, "mixed_precision": "no"})
     sink = ListSink()
     result = run(cfg, sink)
     assert result.status == "finished", result.error
     assert Path(result.output_path).is_file()
-    assert seen["released"] == [True]
-    assert any(e.message.startswith("Text encoders released") for e in sink.of(Log))
+    return result, [e.message for e in sink.of(Log)], seen.get("released")
+
+
+def test_a_lora_trains_from_the_split_files_text_first(split, tmp_path, monkeypatch):
+    """The captions are encoded and Qwen3 released before the transformer is built."""
+    _, files, _ = split
+    _, logs, released = train_text_first(section(files), tmp_path, monkeypatch)
+    assert released == [True]
+    assert any(m.startswith("Text encoders released") for m in logs)
 
 
 def test_a_diffusers_layout_transformer_file_loads_too(split, tmp_path):
