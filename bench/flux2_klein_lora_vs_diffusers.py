@@ -52,6 +52,7 @@ from vs_example import (
     rounds,
     run_dir,
     studio_cmd,
+    studio_config,
 )
 
 EXAMPLE = "train_dreambooth_lora_flux2_klein.py"
@@ -79,20 +80,6 @@ def example_cmd(args, model: Path, data: Path, out: Path, single: int) -> list[s
             "--lr_scheduler=constant", "--lr_warmup_steps=0", "--seed=42",
             "--mixed_precision=no", "--dataloader_num_workers=0",
             "--checkpointing_steps=100000", f"--output_dir={out}", *args.df_args]
-
-
-def studio_config(model: Path, data: Path, out: Path, steps: int) -> dict:
-    return {
-        "schema_version": 1, "mode": "lora",
-        "model": {"pretrained_model_name_or_path": str(model)},
-        "dataset": {"train_data_dir": str(data), "resolution": 256, "enable_bucket": False},
-        "network": {"network_dim": 4, "network_alpha": 4.0, "train_text_encoder": False},
-        "optimizer": {"optimizer_type": "AdamW", "learning_rate": 1e-4,
-                      "lr_scheduler": "constant"},
-        "training": {"train_batch_size": 1, "max_train_steps": steps, "mixed_precision": "no",
-                     "seed": 42, "log_with": "none"},
-        "saving": {"output_dir": str(out), "save_precision": "fp32"},
-    }
 
 
 def one_run(args, tool: str, rep: str, model: Path, single: int) -> dict:

@@ -83,6 +83,22 @@ def run_dir(args, tool: str, rep: str) -> Path:
     return out
 
 
+def studio_config(model: Path, data: Path, out: Path, steps: int) -> dict:
+    """The studio's side of a bench: LoRA rank 4 alpha 4 on the transformer, AdamW at 1e-4
+    constant, batch 1, 256 px without buckets, fp32, seed 42 (the examples' defaults)."""
+    return {
+        "schema_version": 1, "mode": "lora",
+        "model": {"pretrained_model_name_or_path": str(model)},
+        "dataset": {"train_data_dir": str(data), "resolution": 256, "enable_bucket": False},
+        "network": {"network_dim": 4, "network_alpha": 4.0, "train_text_encoder": False},
+        "optimizer": {"optimizer_type": "AdamW", "learning_rate": 1e-4,
+                      "lr_scheduler": "constant"},
+        "training": {"train_batch_size": 1, "max_train_steps": steps, "mixed_precision": "no",
+                     "seed": 42, "log_with": "none"},
+        "saving": {"output_dir": str(out), "save_precision": "fp32"},
+    }
+
+
 def studio_cmd(args, config: dict, out: Path) -> list[str]:
     """``python -m trainer train`` on ``config`` (written beside ``out``); run it in
     ``--studio-root``, whose trainer/ is then the one imported."""
