@@ -8,7 +8,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any, Optional
 
-from trainer.families import names, role
+from trainer.families import FAMILIES, names, role
 
 
 def kohya_role(name: str) -> Optional[ModuleType]:
@@ -18,13 +18,17 @@ def kohya_role(name: str) -> Optional[ModuleType]:
 
 def roles(objective: Optional[str] = None) -> dict[str, ModuleType]:
     """{family: its kohya role} of the families (of one objective) that have one; a role that
-    two families of one folder share is the first's (FLUX.1 Kontext shares FLUX.1's folder,
-    and kohya_ss has no Kontext: its FLUX.1 tab is FLUX.1)."""
+    two families of one folder share under one kohya version is the first's (FLUX.1 Kontext
+    shares FLUX.1's folder and its ``flux1``, and kohya_ss has no Kontext: its FLUX.1 tab is
+    FLUX.1), while SD 1.x and SD 2.x, one folder of two versions, keep it each."""
     found: dict[str, ModuleType] = {}
+    taken: set[tuple[int, str]] = set()
     for name in names(objective=objective):
         module = kohya_role(name)
-        if module is not None and module not in found.values():
+        key = (id(module), FAMILIES[name].kohya_version)
+        if module is not None and key not in taken:
             found[name] = module
+            taken.add(key)
     return found
 
 
