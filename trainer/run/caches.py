@@ -93,8 +93,9 @@ def fill_text_cache(s: Any, out: Any, eager: bool = False) -> None:
         identity = _text_identity(s) if disk else ""
         with torch.no_grad():
             encoded = s.data.cache_text(
-                lambda caps, controls=None: encode_captions(model, caps, s.cfg.model.clip_skip,
-                                                            controls=controls), to_disk=disk,
+                lambda caps, controls=None: encode_captions(
+                    model, caps, s.cfg.model.clip_skip,
+                    **({"controls": controls} if controls else {})), to_disk=disk,
                 cache_dir=Path(ds.cache_dir) if ds.cache_dir else None, identity=identity,
                 batch_size=cache_batches.text_batch(
                     cache_batches.text_encoder_configs(model), cache_batches.budget(

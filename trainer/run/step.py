@@ -122,8 +122,10 @@ def batch_loss(batch: Any, model: Any, cfg: TrainConfig, device: torch.device,
         with torch.set_grad_enabled(grad):
             # at the denoiser's dtype, as the cache gives it: a trained text encoder (or a
             # textual-inversion embedding) returns fp32 where frozen bf16 weights need bf16
+            pixels = text_controls(batch, model)  # an edit family's text reads its controls
             text = encode_captions(model, batch.captions, cfg.model.clip_skip,
-                                   controls=text_controls(batch, model)).to(device, dtype)
+                                   **({"controls": pixels} if pixels else {})
+                                   ).to(device, dtype)
     controls = control_latents(batch, model, family, device, dtype)
     # an edit family's predict takes the controls' latents, one tensor per reference index
     extra = {"controls": controls} if controls else {}
