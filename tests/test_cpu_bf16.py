@@ -231,24 +231,25 @@ def test_the_doctor_reports_the_units_and_the_runs_measurements(monkeypatch, tmp
     assert f"{key}: 0.50 (bf16 2.00x faster) -> bf16" in text
 
 
-TRANSFORMER_TWINS = [s for s in FAMILIES.values() if s.embedded and s.denoiser != "unet"]
+TRANSFORMER_TWINS = [twin for s in FAMILIES.values() if s.denoiser != "unet" for twin in s.twins]
 
 
-@pytest.mark.parametrize("family_spec", TRANSFORMER_TWINS, ids=lambda s: s.name)
-def test_the_probe_shapes_its_latents_as_each_family_encodes_them(tmp_path, family_spec):
+@pytest.mark.parametrize("twin", TRANSFORMER_TWINS)
+def test_the_probe_shapes_its_latents_as_each_family_encodes_them(tmp_path, twin):
     """Qwen-Image's VAE has no ``block_out_channels`` and FLUX.2 packs 2 x 2 patches: the probe's
-    noise takes the shape the run's encode path gives, and the probe runs on every twin."""
+    noise takes the shape the run's encode path gives, and the probe runs on every twin (an
+    edit model that trains on pairs only, Qwen-Image-Edit, with a blank control)."""
     from trainer.families import family_of
     from trainer.models.loader import load_base_model
     from trainer.run.step import encode_images
 
-    model = load_base_model(ModelSection(pretrained_model_name_or_path=family_spec.embedded))
+    model = load_base_model(ModelSection(pretrained_model_name_or_path=twin))
     family = family_of(model)
     with torch.no_grad():
         real = encode_images(model.vae, torch.zeros(1, 3, 64, 96), family).shape
     assert cpu_precision.latent_shape(model, family, 64, 96) == tuple(real)
     cfg = small_config(tmp_path, one_image_dataset(tmp_path),
-                       model={"pretrained_model_name_or_path": family_spec.embedded},
+                       model={"pretrained_model_name_or_path": twin},
                        training={"mixed_precision": "auto"})
     fp32_s, bf16_s = cpu_precision.probe(model, cfg)
     assert fp32_s > 0 and bf16_s > 0

@@ -147,10 +147,15 @@ def _inputs(model: Any, cfg: Any) -> tuple[Any, ...]:
 
     flow = spec(model.version).objective == "flow"  # sigmas, not integer timesteps
     t = torch.tensor([0.5]) if flow else torch.tensor([500])
+    # an edit model that trains on pairs only (Qwen-Image-Edit) is probed with one blank
+    # control at the target's size, read by its text encoder and its transformer
+    ask = getattr(family_of(model), "control_problems", None)
+    pairs = bool(ask and ask(model, [0]))
+    extra = {"controls": [torch.zeros(1, 3, height, width)]} if pairs else {}
     with torch.no_grad():
-        text = encode_captions(model, [""], cfg.model.clip_skip)
+        text = encode_captions(model, [""], cfg.model.clip_skip, **extra)
     size_ids = torch.tensor([[height, width, 0, 0, height, width]], dtype=torch.float32)
-    return noisy, t, text, size_ids
+    return noisy, t, text, size_ids, [torch.zeros_like(noisy)] if pairs else None
 
 
 def latent_shape(model: Any, family: Any, height: int, width: int,
@@ -169,10 +174,11 @@ def latent_shape(model: Any, family: Any, height: int, width: int,
 
 def _step(family: Any, model: Any, denoiser: Any, cfg: Any, inputs: tuple[Any, ...],
           bf16: bool) -> None:
-    noisy, t, text, size_ids = inputs
+    noisy, t, text, size_ids, controls = inputs
     x = noisy.clone().requires_grad_(True)
+    extra = {"controls": controls} if controls else {}
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        pred = family.predict(model, x, t, text, size_ids, cfg, denoiser=denoiser)
+        pred = family.predict(model, x, t, text, size_ids, cfg, denoiser=denoiser, **extra)
     torch.autograd.grad(pred.float().square().mean(), x)
 
 
