@@ -47,12 +47,9 @@ from vs_example import (
     CAPTION,
     add_arguments,
     build_images,
-    measure,
+    one_run,
     report,
     rounds,
-    run_dir,
-    studio_cmd,
-    studio_config,
 )
 
 EXAMPLE = "train_dreambooth_lora_flux2_klein.py"
@@ -82,17 +79,6 @@ def example_cmd(args, model: Path, data: Path, out: Path, single: int) -> list[s
             "--checkpointing_steps=100000", f"--output_dir={out}", *args.df_args]
 
 
-def one_run(args, tool: str, rep: str, model: Path, single: int) -> dict:
-    work = Path(args.work)
-    out = run_dir(args, tool, rep)
-    if tool == "diffusers":
-        cmd, cwd = example_cmd(args, model, work / "k" / "images", out, single), args.example
-    else:
-        config = studio_config(model, work / "k" / "data", out, args.steps)
-        cmd, cwd = studio_cmd(args, config, out), args.studio_root
-    return measure(args, tool, rep, out, cmd, cwd)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_arguments(parser, EXAMPLE, "/tmp/kbench")
@@ -109,7 +95,9 @@ def main() -> None:
     double, single = config["num_layers"], config["num_single_layers"]
     print(f"model: {model} ({double} double, {single} single blocks); CPU: {cpu_kind()}; "
           f"threads: {args.threads or 'each tool its own'}")
-    done = rounds(args, lambda tool, rep: one_run(args, tool, rep, model, single))
+    done = rounds(args, lambda tool, rep: one_run(
+        args, tool, rep, model, Path(args.work) / "k",
+        lambda images, out: example_cmd(args, model, images, out, single)))
     report(done, args, f"FLUX.2 klein 4B width LoRA ({double} double + {single} single "
                        f"blocks), 256 px, fp32, batch 1")
 

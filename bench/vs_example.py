@@ -155,6 +155,19 @@ def measure(args, tool: str, rep: str, out: Path, cmd: list[str], cwd: str) -> d
     return result
 
 
+def one_run(args, tool: str, rep: str, model: Path, work: Path,
+            example_cmd: Callable[[Path, Path], list[str]]) -> dict:
+    """One measured run of ``tool`` on the bench's model (its images and kohya folder under
+    ``work``): the example's command from ``example_cmd(images, out)``, else the studio's."""
+    out = run_dir(args, tool, rep)
+    if tool == "diffusers":
+        cmd, cwd = example_cmd(work / "images", out), args.example
+    else:
+        config = studio_config(model, work / "data", out, args.steps)
+        cmd, cwd = studio_cmd(args, config, out), args.studio_root
+    return measure(args, tool, rep, out, cmd, cwd)
+
+
 def rounds(args, one_run: Callable[[str, str], dict]) -> dict[str, list[dict]]:
     """``--reps`` rounds of ``one_run(tool, rep)``, the tools alternated (after one unmeasured
     run of each with ``--warmup``); the results also go to ``WORK/<tag>results.json``."""

@@ -55,12 +55,9 @@ from pathlib import Path
 from example_procs import cpu_kind
 from vs_example import (
     add_arguments,
-    measure,
+    one_run,
     report,
     rounds,
-    run_dir,
-    studio_cmd,
-    studio_config,
 )
 
 EXAMPLE = "train_dreambooth_lora_z_image.py"
@@ -76,17 +73,6 @@ def example_cmd(args, model: Path, data: Path, out: Path) -> list[str]:
             "--learning_rate=1e-4", "--lr_scheduler=constant", "--lr_warmup_steps=0",
             "--seed=42", "--mixed_precision=no", "--dataloader_num_workers=0",
             "--checkpointing_steps=100000", f"--output_dir={out}", *args.df_args]
-
-
-def one_run(args, tool: str, rep: str, model: Path) -> dict:
-    work = Path(args.work)
-    out = run_dir(args, tool, rep)
-    if tool == "diffusers":
-        cmd, cwd = example_cmd(args, model, work / "z" / "images", out), args.example
-    else:
-        config = studio_config(model, work / "z" / "data", out, args.steps)
-        cmd, cwd = studio_cmd(args, config, out), args.studio_root
-    return measure(args, tool, rep, out, cmd, cwd)
 
 
 def main() -> None:
@@ -105,7 +91,9 @@ def main() -> None:
     layers = json.loads((model / "transformer/config.json").read_text())["n_layers"]
     print(f"model: {model} ({layers} layers); CPU: {cpu_kind()}; "
           f"threads: {args.threads or 'each tool its own'}")
-    done = rounds(args, lambda tool, rep: one_run(args, tool, rep, model))
+    done = rounds(args, lambda tool, rep: one_run(
+        args, tool, rep, model, Path(args.work) / "z",
+        lambda images, out: example_cmd(args, model, images, out)))
     report(done, args, "Z-Image LoRA, 256 px, fp32, batch 1")
 
 

@@ -81,7 +81,7 @@ def test_the_flux2_bench_trains_the_same_layers_with_the_same_settings(tmp_path)
                  "--max_train_steps=5", "--seed=42", "--mixed_precision=no",
                  "--max_sequence_length=512", "--train_batch_size=1"):
         assert flag in cmd
-    cfg = from_dict(flux2_bench.studio_config(tmp_path / "m", tmp_path / "d", tmp_path / "o", 5))
+    cfg = from_dict(vs_example.studio_config(tmp_path / "m", tmp_path / "d", tmp_path / "o", 5))
     assert (cfg.network.network_dim, cfg.network.network_alpha) == (4, 4.0)
     assert (cfg.dataset.resolution, cfg.dataset.enable_bucket) == (256, False)
     assert (cfg.training.max_train_steps, cfg.training.seed) == (5, 42)
