@@ -112,3 +112,23 @@ def test_no_pairs_for_a_model_that_takes_no_controls(tmp_path):
     for model in ("embedded:tiny-sd15", "embedded:tiny-flux"):
         text = check_dataset(config(train, model, control_dir=None))
         assert "Image pairs" not in text and "steps**" in text, model
+
+
+def test_a_dataset_toml_subsets_control_directory_is_paired_too(tmp_path):
+    """musubi-tuner's control_directory of a dataset TOML subset: the same pairing, per
+    subset; a subset without one has no pairs to count."""
+    train = dataset(tmp_path, orphans=False, references=1)
+    toml = tmp_path / "dataset.toml"
+    toml.write_text("[general]\nresolution = 64\n[[datasets]]\n"
+                    "[[datasets.subsets]]\nimage_dir = 'train/2_day'\n"
+                    "control_directory = 'train/control/2_day'\n"
+                    "[[datasets.subsets]]\nimage_dir = 'train/1_night'\n")
+    cfg = config_io.from_dict({"model": {"pretrained_model_name_or_path": KONTEXT},
+                               "dataset": {"dataset_config": str(toml), "min_bucket_reso": 64,
+                                           "max_bucket_reso": 128, "bucket_reso_steps": 16},
+                               "training": {"max_train_epochs": 1, "log_with": "none"}})
+    text = check_dataset(cfg)
+    assert "cannot be used" not in text, text
+    assert "2 of 3 target(s) with their controls, 0 missing, 0 orphan control(s)" in text
+    assert row(text, "2_day")[1:] == ["3", "2", "1", "0"]
+    assert "| 1_night |" not in text and train.is_dir()
