@@ -133,7 +133,17 @@ def with_class_images(cfg: TrainConfig, data: Any, todo: ClassImages) -> Any:
 
 
 def check_dataset(cfg: TrainConfig) -> str:
-    """Read the dataset of ``cfg`` and describe it; problems come back as a list, not raised."""
+    """Read the dataset of ``cfg`` and describe it; problems come back as a list, not raised.
+    For an edit model the image pairs follow (kohya_gui/dataset_pairs.py)."""
+    from kohya_gui.dataset_pairs import pairs_markdown
+
+    text = describe_dataset(cfg)
+    pairs = pairs_markdown(cfg)
+    return f"{text}\n\n{pairs}" if pairs else text
+
+
+def describe_dataset(cfg: TrainConfig) -> str:
+    """The counts, the step arithmetic and the buckets, or the problems."""
     from trainer.data import DatasetError, prepare_dataset
     from trainer.run.class_images import ClassImageError
 

@@ -92,7 +92,8 @@ class JobState:
             keep(self.validation, (event.step, event.loss))
         elif isinstance(event, Sample):
             self.samples.append({"step": event.step, "paths": list(event.paths),
-                                 "prompts": list(event.prompts)})
+                                 "prompts": list(event.prompts),
+                                 "controls": [list(c) for c in event.controls]})
             del self.samples[:-SAMPLES_KEPT]
         elif isinstance(event, Checkpoint):  # the trainer's own log line says it was saved
             self.checkpoints.append(event.path)

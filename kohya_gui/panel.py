@@ -11,28 +11,18 @@ tab and shows those of the selected tab (:func:`show_mode`).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import gradio as gr
 import pandas as pd
 
-from kohya_gui import curve_svg, progress
+from kohya_gui import curve_svg, progress, sample_gallery
 from kohya_gui.runner import Runner
 from kohya_gui.tabs import mode_tab
 
 POLL_SECONDS = 1.0
 QUEUE_HEADERS = ["job", "status", "what"]
 NO_COMPARE = ("no other run", "")
-
-
-def _inside(path: str, folder: str | None) -> bool:
-    if not folder:
-        return False
-    try:
-        return Path(path).resolve().is_relative_to(Path(folder))
-    except OSError:
-        return False
 
 
 def _plot_key(snap: dict[str, Any], compare: str | None) -> list[Any]:
@@ -86,8 +76,7 @@ def render(snap: dict[str, Any], seen: dict[str, Any], parts: dict[str, Any],
         out[parts["cancel_choice"]] = gr.Dropdown(choices=new_seen["queue"],
                                                   value=(new_seen["queue"] or [None])[0])
     if not same_job or new_seen["samples"] != seen.get("samples"):
-        images = [(p, c) for p, c in progress.sample_images(snap)
-                  if _inside(p, snap.get("output_dir"))]
+        images = sample_gallery.gallery_items(snap)  # inside the output folder only
         out[parts["gallery"]] = gr.Gallery(images, visible=bool(images))
     out[parts["seen"]] = new_seen
     return out

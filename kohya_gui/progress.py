@@ -169,12 +169,3 @@ def queue_rows(snap: dict[str, Any]) -> list[list[Any]]:
     rows += [[h["job_id"], h["status"], h["label"]] for h in snap.get("history", [])[:5]
              if h["job_id"] != snap.get("job_id") or snap["status"] != "running"]
     return rows
-
-
-def sample_images(snap: dict[str, Any], limit: int = 8) -> list[tuple[str, str]]:
-    """(path, caption) of the newest sample images."""
-    out = []
-    for sample in reversed(snap.get("samples", [])):
-        for path, prompt in zip(sample["paths"], sample["prompts"] or [""] * len(sample["paths"])):
-            out.append((path, f"step {sample['step']}: {prompt}"))
-    return out[:limit]

@@ -172,3 +172,14 @@ def studio_process(folder: Path, env: dict[str, str] | None = None,
         finally:
             proc.terminate()
             proc.wait(timeout=30)
+
+
+def sample_control(index: int = 0) -> Path:
+    """The embedded sample dataset's control of its ``index``-th picture (written on demand
+    in the studio's data home, as a run on the sample dataset writes it)."""
+    from trainer.config.paths import data_home
+    from trainer.data.sample import EMBEDDED_DATASET, SAMPLE_CONTROLS, resolve_dataset_dir
+
+    resolve_dataset_dir(EMBEDDED_DATASET, data_home())
+    folder = data_home() / "embedded" / SAMPLE_CONTROLS
+    return sorted(folder.rglob("*.png"))[index]

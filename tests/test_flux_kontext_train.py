@@ -214,5 +214,6 @@ def test_the_tiny_kontext_preset_trains_on_the_sample_pairs_and_samples_with_a_r
     assert result.status == "finished", result.error
     assert steps == [1, 1]
     [sample] = sink.of(Sample)
+    assert sample.controls == ((str(control),), ())  # the GUI draws the first beside it
     with_ref, without = (Image.open(p).convert("RGB") for p in sample.paths)
     assert with_ref.tobytes() != without.tobytes()

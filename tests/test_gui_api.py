@@ -4,6 +4,7 @@ waits in the queue and can be cancelled."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from gui_helpers import (  # noqa: F401
     launched,
     one_torch_thread,
     quick_overrides,
+    sample_control,
     wait_for,
 )
 
@@ -50,6 +52,37 @@ def test_the_default_preset_trains_to_the_end(app, one_torch_thread, tmp_path): 
     assert Path(final["output_path"]).is_file() and Path(final["config_path"]).is_file()
     other_tab = Client(url, verbose=False)  # a second page sees the same job
     assert other_tab.predict(api_name="/state")["job_id"] == answer["job_id"]
+
+
+def test_an_edit_sample_comes_with_its_control(app, one_torch_thread, tmp_path):  # noqa: F811
+    """FLUX.1 Kontext's tiny twin with a sample prompt that takes a control (--ci): the state
+    names the sample's control, and the page's gallery draws the sample beside it."""
+    from PIL import Image
+
+    from kohya_gui.panel import render
+
+    _, url = app
+    client = Client(url, verbose=False)
+    control = sample_control()
+    toml = client.predict("lora", "tiny-flux-kontext", api_name="/preset_toml")
+    prompt = f"add a red circle --ci {control} --s 2"
+    overrides = quick_overrides(tmp_path / "out", steps=2) + [
+        f"sampling.sample_prompts=[{json.dumps(prompt)}]", "sampling.sample_every_n_steps=2"]
+    answer = client.predict(toml, overrides, api_name="/train_toml")
+    assert answer["ok"], answer
+    final = wait_for(lambda: state_of(client, answer["job_id"]), timeout=300, every=0.5)
+    assert final["status"] == "finished", final["error"]
+    [sample] = final["samples"]
+    assert sample["prompts"] == ["add a red circle"] and sample["controls"] == [[str(control)]]
+    parts = {k: k for k in ("progress", "log", "output", "error", "plot", "queue",
+                            "cancel_choice", "gallery", "compare", "resume_choice", "seen")}
+    [shown] = render(final, {}, parts)["gallery"].value  # what the page is sent
+    assert shown["caption"] == "step 2: add a red circle (left: its control)"
+    with Image.open(sample["paths"][0]) as img, Image.open(shown["image"]["path"]) as pair, \
+            Image.open(control) as ref:
+        assert pair.height == img.height and pair.width > img.width  # the control on its left
+        left, want = pair.convert("RGB").getpixel((2, 2)), ref.convert("RGB").getpixel((2, 2))
+        assert max(abs(a - b) for a, b in zip(left, want)) < 8  # as sent: lossy WebP
 
 
 def test_bad_config_is_refused_by_field(app):

@@ -105,6 +105,32 @@ def test_caption_editor_shows_thumbnails_and_saves(page, tmp_path):  # noqa: F81
     assert (folder / "img1.txt").read_text() == "blue, square\n"
 
 
+def test_caption_editor_shows_the_controls_of_edit_pairs(page, tmp_path):  # noqa: F811
+    """With a control images folder the table gains a column of each image's controls, drawn
+    beside it, and the instruction caption (now the fourth column) is edited and saved."""
+    folder = images_folder(tmp_path / "train" / "1_edit")
+    images_folder(tmp_path / "train" / "control" / "1_edit", colors=((9, 9, 9),) * 3)
+    open_utilities(page)
+    page.get_by_text("Caption editor", exact=True).click()
+    text_input(page, "editor-folder").fill(str(folder))
+    text_input(page, "editor-control-dir").fill("../control")
+    page.click("#editor-load")
+    page.wait_for_function("() => document.querySelector('#editor-message').innerText"
+                           ".includes('3 with control images')")
+    page.wait_for_function("() => [...document.querySelectorAll('#editor-table img')].filter("
+                           "img => img.complete && img.naturalWidth > 0).length >= 6")
+    assert "controls" in page.inner_text("#editor-table")
+    page.locator("#editor-table").screenshot(path=str(ARTIFACTS / "gui_caption_editor_pairs.png"))
+    page.locator('#editor-table [data-testid="cell-1-3"]').first.dblclick()  # img1's caption
+    page.wait_for_function(CELL_EDITOR_FOCUSED)
+    page.keyboard.type("make it night")
+    page.keyboard.press("Enter")
+    page.click("#editor-save")
+    page.wait_for_function(
+        "() => document.querySelector('#editor-message').innerText.includes('Saved 1')")
+    assert (folder / "img1.txt").read_text() == "make it night\n"
+
+
 def test_resize_the_trained_lora_from_the_tab(page, trained_lora, tmp_path):  # noqa: F811
     """The optional numbers (conv rank, dynamic parameter) left empty mean unset, not 0."""
     open_utilities(page)

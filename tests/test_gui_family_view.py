@@ -197,3 +197,28 @@ def test_the_model_field_and_the_search_box_are_wired_to_the_view(tabs):
     search_deps = [fn for fn in demo.fns.values()
                    if any(t[0] == tab.parts["search"]._id for t in fn.targets)]
     assert search_deps and search_deps[0].fn is not None
+
+
+CONTROL_FIELDS = ("dataset.control_dir", "dataset.control_resolution")
+
+
+def test_control_folder_fields_only_for_edit_families(tabs):
+    """Edit training's fields follow the registry: in view for a family whose ControlSpec takes
+    control images, hidden for every other family, in every mode tab that has them."""
+    from trainer.families import FAMILIES
+
+    edit = {name for name, fam in FAMILIES.items() if fam.controls.max > 0}
+    assert edit and edit != set(FAMILIES)
+    for tab in tabs[0].values():
+        form = tab.form
+        for name in FAMILIES:
+            updates = shown_for(form, "", version=name)
+            for path in CONTROL_FIELDS:
+                assert visible(updates, form, path) == (name in edit), (tab.mode, name, path)
+        kontext = shown_for(form, "embedded:tiny-flux-kontext")
+        flux = shown_for(form, "embedded:tiny-flux")
+        for path in CONTROL_FIELDS:
+            assert visible(kontext, form, path) and not visible(flux, form, path)
+        # a loaded config that sets one keeps it in view (the rules then name it)
+        kept = shown_for(form, "embedded:tiny-flux", **{"dataset.control_dir": "ctl"})
+        assert visible(kept, form, "dataset.control_dir")

@@ -257,3 +257,36 @@ def test_the_page_gets_only_what_changed(tmp_path):
     shown = render(failed, second["seen"], parts)
     assert shown["error"].visible is True and "no images in the folder" in shown["error"].value
     assert 'data-status="failed"' in shown["progress"]
+
+
+def test_an_edit_sample_is_drawn_beside_its_controls(tmp_path):
+    """A Sample's controls (its prompt's --ci) are drawn on the left of the sample at its
+    height; a sample without one, or whose control does not decode, is the file itself; only
+    samples inside the output folder are shown."""
+    from PIL import Image
+
+    from kohya_gui.sample_gallery import GAP, gallery_items
+
+    out = tmp_path / "out"
+    (out / "sample").mkdir(parents=True)
+    Image.new("RGB", (64, 32), (0, 0, 255)).save(out / "sample" / "a.png")
+    Image.new("RGB", (64, 32), (0, 255, 0)).save(out / "sample" / "b.png")
+    control = tmp_path / "ctl.png"
+    Image.new("RGB", (16, 16), (255, 0, 0)).save(control)
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"not a png")
+    snap = {"output_dir": str(out), "samples": [
+        {"step": 1, "paths": [str(out / "sample" / "b.png")], "prompts": ["old"]},
+        {"step": 2, "paths": [str(out / "sample" / "a.png"), str(out / "sample" / "b.png"),
+                              "/etc/passwd"],
+         "prompts": ["add a circle", "plain", "x"],
+         "controls": [[str(control), str(control)], [str(broken)], [str(control)]]}]}
+    items = gallery_items(snap)
+    assert [caption for _, caption in items] == [
+        "step 2: add a circle (left: its control)", "step 2: plain", "step 1: old"]
+    pair = items[0][0]
+    assert pair.size == (2 * (32 + GAP) + 64, 32)  # two 32x32 controls, then the sample
+    assert pair.getpixel((5, 5)) == (255, 0, 0) and pair.getpixel((2 * (32 + GAP) + 5, 5)) == (
+        0, 0, 255)
+    assert items[1][0] == str(out / "sample" / "b.png")  # its control does not decode
+    assert len(gallery_items(snap, limit=1)) == 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+from PIL import Image
 from tools_helpers import images_folder, random_lora, tiny_tagger
 
 from kohya_gui.tabs import tool_handlers as h
@@ -98,3 +99,35 @@ def test_the_caption_editor_round_trip(tmp_path):
     bad = pd.DataFrame([["", "../x.png", "x"]], columns=h.EDITOR_COLUMNS)
     assert h.save_editor(str(folder), ".txt", bad)[0].startswith("**Error:**")
     assert h.load_editor(str(tmp_path / "none"), ".txt", False)[2].startswith("**Error:**")
+
+
+def test_the_caption_editor_shows_each_image_beside_its_controls(tmp_path):
+    """Instruction captions of edit pairs: with a control folder, each image's controls (paired
+    as the run pairs them: the concept's subfolder first, numbered references in order) are
+    drawn beside it, and the captions save as before."""
+    folder = images_folder(tmp_path / "train" / "10_edit")
+    (folder / "img0.txt").write_text("make it red")
+    controls = tmp_path / "train" / "control"
+    images_folder(controls / "10_edit", sizes=((16, 16),) * 3)  # img0..img2: one each
+    Image.new("RGB", (8, 8)).save(controls / "10_edit" / "img1_1.png")  # img1's 2nd reference
+    Image.new("RGB", (8, 8)).save(controls / "stray.png")  # matches no image
+    (controls / "10_edit" / "img2.png").unlink()
+    frame, _, message = h.load_editor(str(folder), ".txt", False, "../control")
+    assert list(frame.columns) == h.PAIR_COLUMNS
+    assert list(frame["image"]) == ["img0.png", "img1.png", "img2.png"]
+    shown = [cell.count("](data:image/jpeg;base64,") for cell in frame["controls"]]
+    assert shown == [1, 2, 0]
+    assert frame["controls"][1].index("![img1.png") < frame["controls"][1].index("![img1_1.png")
+    assert message == ("3 images, 2 without a caption; 2 with control images, "
+                       "1 control image(s) matching no image")
+    table = h.editor_table(frame)  # thumbnails are images, only the caption is editable
+    assert table.datatype == ["markdown", "markdown", "str", "str"]
+    assert table.static_columns == [0, 1, 2]
+    frame.loc[1, "caption"] = "make it blue"
+    assert h.save_editor(str(folder), ".txt", frame)[0] == "Saved 1 changed caption(s)."
+    assert (folder / "img1.txt").read_text() == "make it blue\n"
+    assert h.save_editor(str(folder), ".txt", frame.values.tolist())[0].startswith("Saved 0")
+    missing = h.load_editor(str(folder), ".txt", False, str(tmp_path / "none"))
+    assert missing[2].startswith("**Error:**") and "control_dir" in missing[2]
+    plain, _, _ = h.load_editor(str(folder), ".txt", False, "")
+    assert list(plain.columns) == h.EDITOR_COLUMNS

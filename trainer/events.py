@@ -78,6 +78,9 @@ class Sample:
     step: int
     paths: tuple[str, ...]
     prompts: tuple[str, ...]
+    # an edit model's control images of each prompt (its --ci paths as the pipeline took
+    # them), in the order of ``paths``; () when no prompt has one
+    controls: tuple[tuple[str, ...], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 NORM_COLUMNS = ["module", "norm", "part"]
 RESIZE_COLUMNS = ["module", "rank", "alpha", "fro kept %", "sum kept %"]
 EDITOR_COLUMNS = ["thumbnail", "image", "caption"]
+PAIR_COLUMNS = ["thumbnail", "controls", "image", "caption"]  # with a control folder
 TAG_COLUMNS = ["tag", "count"]
 
 
@@ -131,31 +132,64 @@ def tags_frame(captions: list[str]) -> pd.DataFrame:
     return pd.DataFrame(tag_counts(captions), columns=TAG_COLUMNS)
 
 
-def load_editor(folder: str, extension: str, recursive: bool
+def _thumb(path: Any, name: str) -> str:
+    from trainer.tools.caption_table import thumbnail_uri
+
+    return f"![{md(name, 80)}]({thumbnail_uri(path)})"
+
+
+def load_editor(folder: str, extension: str, recursive: bool, control_dir: str = ""
                 ) -> tuple[pd.DataFrame, pd.DataFrame, str]:
-    """(rows: thumbnail, image, caption; tag counts; a message)."""
+    """(rows: thumbnail, image, caption, and with ``control_dir`` (edit training's instruction
+    captions) the controls of each image beside it; tag counts; a message)."""
     from pathlib import Path
 
-    from trainer.tools.caption_table import read_rows, thumbnail_uri
+    from trainer.tools.caption_table import image_controls, read_rows
 
-    empty = pd.DataFrame(columns=EDITOR_COLUMNS)
+    columns = PAIR_COLUMNS if (control_dir or "").strip() else EDITOR_COLUMNS
+    empty = pd.DataFrame(columns=columns)
+    controls: list[Any] = []
+    orphans: list[Any] = []
     try:
         rows = read_rows(folder, extension or ".txt", recursive)
+        if columns is PAIR_COLUMNS:
+            controls, orphans = image_controls(folder, [n for n, _ in rows], control_dir.strip())
     except ToolError as exc:
         return empty, tags_frame([]), f"**Error:** {md(exc, 2_000)}"
     root = Path(folder).expanduser()
-    frame = pd.DataFrame([(f"![{md(name, 80)}]({thumbnail_uri(root / name)})", name, caption)
-                          for name, caption in rows], columns=EDITOR_COLUMNS)
     missing = sum(1 for _, caption in rows if not caption)
-    return (frame, tags_frame([c for _, c in rows]),
-            f"{len(rows)} images, {missing} without a caption")
+    message = f"{len(rows)} images, {missing} without a caption"
+    if columns is PAIR_COLUMNS:
+        frame = pd.DataFrame([(_thumb(root / name, name),
+                               " ".join(_thumb(p, p.name) for p in found), name, caption)
+                              for (name, caption), found in zip(rows, controls)],
+                             columns=columns)
+        message += (f"; {sum(1 for f in controls if f)} with control images, "
+                    f"{len(orphans)} control image(s) matching no image")
+    else:
+        frame = pd.DataFrame([(_thumb(root / name, name), name, caption)
+                              for name, caption in rows], columns=columns)
+    return frame, tags_frame([c for _, c in rows]), message
+
+
+def editor_table(frame: pd.DataFrame) -> Any:
+    """The editor's table for ``frame``: thumbnails as images, only the caption editable."""
+    import gradio as gr
+
+    markdown = len(frame.columns) - 2  # the thumbnail columns, before image and caption
+    return gr.Dataframe(value=frame, headers=list(frame.columns),
+                        datatype=["markdown"] * markdown + ["str", "str"],
+                        static_columns=list(range(len(frame.columns) - 1)))
 
 
 def save_editor(folder: str, extension: str, frame: Any) -> tuple[str, pd.DataFrame]:
     from trainer.tools.caption_table import save_rows
 
-    data = frame if isinstance(frame, pd.DataFrame) else pd.DataFrame(frame,
-                                                                       columns=EDITOR_COLUMNS)
+    if isinstance(frame, pd.DataFrame):
+        data = frame
+    else:
+        wide = bool(frame) and len(frame[0]) == len(PAIR_COLUMNS)
+        data = pd.DataFrame(frame, columns=PAIR_COLUMNS if wide else EDITOR_COLUMNS)
     rows = [(str(r["image"]), str(r["caption"] or "")) for _, r in data.iterrows()
             if str(r["image"] or "").strip()]
     try:

@@ -146,9 +146,10 @@ def _caption_section() -> None:
 def _editor_section() -> None:
     with gr.Accordion("Caption editor", open=False):
         with gr.Row():
-            folder = make_component("editor", o.CaptionFolderOptions, "folder", scale=4)
-            extension = make_component("editor", o.CaptionFolderOptions, "caption_extension")
-            recursive = make_component("editor", o.CaptionFolderOptions, "recursive")
+            folder = make_component("editor", o.CaptionEditorOptions, "folder", scale=4)
+            extension = make_component("editor", o.CaptionEditorOptions, "caption_extension")
+            recursive = make_component("editor", o.CaptionEditorOptions, "recursive")
+        control_dir = make_component("editor", o.CaptionEditorOptions, "control_dir")
         load = gr.Button("Load captions", size="sm", elem_id="editor-load")
         message = gr.Markdown(elem_id="editor-message")
         with gr.Row():
@@ -159,8 +160,12 @@ def _editor_section() -> None:
             tags = gr.Dataframe(headers=h.TAG_COLUMNS, interactive=False, max_height=600,
                                 scale=1, elem_id="editor-tags", label="Tag frequency")
         save = gr.Button("Save captions", size="sm", elem_id="editor-save")
-        load.click(h.load_editor, [folder, extension, recursive], [table, tags, message],
-                   api_name="load_captions")
+        def load_table(*values: Any) -> tuple[Any, Any, str]:
+            frame, tag_frame, text = h.load_editor(*values)
+            return h.editor_table(frame), tag_frame, text
+
+        load.click(load_table, [folder, extension, recursive, control_dir],
+                   [table, tags, message], api_name="load_captions")
         save.click(h.save_editor, [folder, extension, table], [message, tags],
                    api_name="save_captions")
 

@@ -115,9 +115,10 @@ def control_root(value: str, train_dir: Path) -> Path:
     return path if path.is_absolute() else train_dir / path
 
 
-def _pairs(searches: list[Optional[_Search]], entries: list[Any], problems: list[str]
-           ) -> dict[int, list[Path]]:
-    """Entry index -> its control files; orphans and clashes become problems."""
+def _pairs(searches: list[Optional[_Search]], entries: list[Any], problems: list[str],
+           orphan_files: Optional[list[Path]] = None) -> dict[int, list[Path]]:
+    """Entry index -> its control files; orphans and clashes become problems (and the orphans
+    are added to ``orphan_files`` too, when given)."""
     inner: dict[Path, tuple[str, list[int]]] = {}  # a folder -> its setting, its targets
     roots: dict[Path, tuple[str, list[int]]] = {}
     for index, (search, entry) in enumerate(zip(searches, entries)):
@@ -135,6 +136,8 @@ def _pairs(searches: list[Optional[_Search]], entries: list[Any], problems: list
         for i in members:
             if i not in found and entries[i].path.stem in paired:
                 found[i] = paired[entries[i].path.stem]
+        if orphan_files is not None:
+            orphan_files += orphans
         problems += [f"{where}: control image {p} matches no training image (none named "
                      f"{_target_stem(p.stem)}.* in "
                      f"{'its concept folder' if folder in inner else 'the dataset'}); rename "
@@ -147,6 +150,58 @@ def _pairs(searches: list[Optional[_Search]], entries: list[Any], problems: list
 def _target_stem(stem: str) -> str:
     numbered = _NUMBERED.match(stem)
     return numbered.group(1) if numbered else stem
+
+
+def _folder_problems(searches: list[Optional[_Search]], entries: list[Any]) -> list[str]:
+    """Control folders that do not exist, or that hold training images."""
+    roots = {s.root: s.where for s in searches if s is not None}
+    missing = [f"{where}: folder {root} does not exist; create it with the control images "
+               f"(named like their training images) or unset it"
+               for root, where in roots.items() if not root.is_dir()]
+    images = {e.folder.path.resolve() for e in entries}
+    return missing + [f"{where}: {root} is a folder of training images; keep the control "
+                      f"images in a folder of their own" for root, where in roots.items()
+                      if root.is_dir() and root.resolve() in images]
+
+
+@dataclass(frozen=True)
+class ControlFiles:
+    """The run's pairing of a dataset's images with their control files, without decoding any
+    (for the GUI's dataset check): per image its control files in reference order (None: it
+    looks in no control folder), the control files that match no image, and the problems."""
+
+    files: list[Optional[list[Path]]]
+    orphans: list[Path]
+    problems: list[str]
+
+
+def control_files(cfg: Any, entries: list[Any], train_dir: Path) -> ControlFiles:
+    """:class:`ControlFiles` of ``entries`` (found images, training and held-out alike:
+    anything with ``path``, ``folder`` and ``is_reg``) as the run pairs them."""
+    searches = [search_for(cfg, e, train_dir) for e in entries]
+    problems = _folder_problems(searches, entries) if any(searches) else []
+    if problems:
+        return ControlFiles([None] * len(entries), [], problems)
+    orphans: list[Path] = []
+    found = _pairs(searches, entries, problems, orphans)
+    return ControlFiles([None if s is None else found.get(i, [])
+                         for i, s in enumerate(searches)], orphans, problems)
+
+
+@dataclass(frozen=True)
+class _Target:
+    path: Path
+    folder: Any
+
+
+def pair_targets(targets: list[Path], root: Path) -> tuple[list[list[Path]], list[Path]]:
+    """The run's pairing for plain image files (a folder of the caption editor): each
+    target's control files in ``root`` (the subfolder named like the target's folder first,
+    as for ``dataset.control_dir``), and the control files that match no target."""
+    entries = [_Target(t, _Target(t.parent, None)) for t in targets]
+    orphans: list[Path] = []
+    found = _pairs([_Search(SETTING, root, True)] * len(entries), entries, [], orphans)
+    return [found.get(i, []) for i in range(len(entries))], orphans
 
 
 def _inspect(path: Path) -> tuple[Optional[ControlImage], Optional[str]]:
@@ -174,14 +229,7 @@ def _find(cfg: Any, entries: list[Any], train_dir: Path, problems: list[str]
     searches = [search_for(cfg, e, train_dir) for e in entries]
     if not any(searches):
         return None
-    roots = {s.root: s.where for s in searches if s is not None}
-    missing = [f"{where}: folder {root} does not exist; create it with the control images "
-               f"(named like their training images) or unset it"
-               for root, where in roots.items() if not root.is_dir()]
-    images = {e.folder.path.resolve() for e in entries}
-    missing += [f"{where}: {root} is a folder of training images; keep the control images in "
-                f"a folder of their own" for root, where in roots.items()
-                if root.is_dir() and root.resolve() in images]
+    missing = _folder_problems(searches, entries)
     if missing:
         problems += missing
         return None

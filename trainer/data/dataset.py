@@ -347,7 +347,7 @@ def prepare_dataset(
     ``embedded:sample-dataset`` is generated."""
     ds = cfg.dataset
     problems = _config_problems(cfg)
-    found, train_dir = _scan(cfg, warn, problems, data_home)
+    found, train_dir = scan_dataset(cfg, warn, problems, data_home)
     if cfg.mode == "textual_inversion" and templates_for(cfg) is None:
         opts = CaptionOptions.from_config(ds)
         missing = captions_without_token(
@@ -377,7 +377,7 @@ def prepare_dataset(
     return data
 
 
-def _scan(cfg: Any, warn: Callable[[str], None], problems: list[str],
+def scan_dataset(cfg: Any, warn: Callable[[str], None], problems: list[str],
           data_home: Optional[Path]) -> tuple[list[Candidate], Path]:
     """The images of the run (training and regularization) and the folder of the default
     latent cache: the folders of ``dataset.dataset_config``, or of train_data_dir and

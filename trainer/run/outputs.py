@@ -87,15 +87,26 @@ def save_samples(s: Any, out: Any, step: int) -> None:
     from trainer.run.sample_prompts import sample_prompts
     from trainer.run.sampling import make_samples
 
-    prompts = [p.prompt for p in sample_prompts(s.cfg)]
-    if not prompts:
+    specs = sample_prompts(s.cfg)
+    if not specs:
         return
     with averaged_weights(s.optimizer), s.ema.applied():  # FSDP: on every process, in step
         paths = make_samples(s.model, s.cfg, step, s.accelerator)
     if not s.accelerator.is_main_process:
         return
     out.log(f"Sample images: {', '.join(str(p) for p in paths)}")
-    out.emit(Sample(step=step, paths=tuple(str(p) for p in paths), prompts=tuple(prompts)))
+    out.emit(Sample(step=step, paths=tuple(str(p) for p in paths),
+                    prompts=tuple(p.prompt for p in specs), controls=sample_controls(s, specs)))
+
+
+def sample_controls(s: Any, specs: list[Any]) -> tuple[tuple[str, ...], ...]:
+    """Each prompt's control images as its sample took them (``--ci``, as many as the family
+    takes: trainer/run/sampling.py); () when none has one."""
+    from trainer.families import spec as family_spec
+
+    most = family_spec(s.model.version).controls.max
+    controls = tuple(tuple(p.control_images[:most]) for p in specs)
+    return controls if any(controls) else ()
 
 
 def flat_hparams(cfg: TrainConfig) -> dict[str, Any]:

@@ -39,6 +39,21 @@ def read_rows(folder: str | Path, extension: str, recursive: bool = False
     return [(p.relative_to(root).as_posix(), read_caption(p, extension)) for p in images]
 
 
+def image_controls(folder: str | Path, names: list[str], control_dir: str
+                   ) -> tuple[list[list[Path]], list[Path]]:
+    """Edit training's pairs: each image's control files (``names`` relative to ``folder``),
+    paired as the run pairs them (trainer/data/controls.py: the subfolder named like the
+    image's folder first), and the control files that match no image. A relative
+    ``control_dir`` is read from ``folder``, as dataset.control_dir is from train_data_dir."""
+    from trainer.data.controls import control_root, pair_targets
+
+    root = Path(folder).expanduser()
+    controls = control_root(control_dir, root)
+    if not controls.is_dir():
+        raise ToolError(f"control_dir {str(controls)!r}: no such folder")
+    return pair_targets([root / name for name in names], controls)
+
+
 def thumbnail_uri(path: Path, size: int = THUMBNAIL) -> str:
     """A small JPEG of the image as a ``data:`` URI (empty for an unreadable image)."""
     from trainer.data.images import load_image

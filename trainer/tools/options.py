@@ -130,6 +130,12 @@ class CaptionFolderOptions(ToolOptions):
     batch_size: int = option(4, "Images per batch.", ge=1, le=256)
 
 
+class CaptionEditorOptions(CaptionFolderOptions):
+    control_dir: Optional[str] = option(
+        None, "Edit training: the folder of the control images, shown beside each image "
+        "(paired as dataset.control_dir pairs them; a relative path is read from the folder).")
+
+
 class CaptionOptions(CaptionFolderOptions):
     model_dir: str = option(..., "A transformers image-to-text model's folder (BLIP, GIT, ...).")
     max_new_tokens: int = option(40, "Longest caption, in tokens.", ge=1, le=512)
