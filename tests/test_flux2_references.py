@@ -161,15 +161,12 @@ def test_the_loss_is_taken_on_the_targets_tokens_only(model, monkeypatch):
     assert loss_with(on_target) > base + 1.0
 
 
-@pytest.mark.parametrize("size", [(64, 64), (100, 70), (97, 300), (1030, 1030), (2000, 1500),
-                                  (1300, 900)])
-def test_a_reference_is_sized_as_the_pipeline_sizes_it(size):
-    """The size a reference trains at is the one the klein pipeline hands its VAE (caught
-    before encoding): its own, sides cut to multiples of 16; above 1024 x 1024 pixels scaled
-    down to about that area first."""
+@pytest.fixture(scope="module")
+def pipeline_size():
+    """The (w, h) the klein pipeline hands its VAE for a reference image of a size (caught
+    before encoding)."""
     from diffusers import Flux2KleinPipeline
 
-    from trainer.data.control_sizing import ControlSizing, own_size
     from trainer.models.loader import resolve_model_path
 
     class Caught(Exception):
@@ -184,8 +181,50 @@ def test_a_reference_is_sized_as_the_pipeline_sizes_it(size):
         raise Caught
 
     pipe.prepare_image_latents = prepare_image_latents
-    with pytest.raises(Caught):
-        pipe(prompt_embeds=torch.zeros(1, 4, pipe.transformer.config.joint_attention_dim),
-             image=Image.new("RGB", size), height=64, width=64, num_inference_steps=1)
+    embeds = torch.zeros(1, 4, pipe.transformer.config.joint_attention_dim)
+
+    def size_of(size: tuple[int, int]) -> tuple[int, int]:
+        seen.clear()
+        with pytest.raises(Caught):
+            pipe(prompt_embeds=embeds, image=Image.new("RGB", size), height=64, width=64,
+                 num_inference_steps=1)
+        [out] = seen
+        return out
+
+    return size_of
+
+
+@pytest.mark.parametrize("size", [(64, 64), (100, 70), (97, 300), (1030, 1030), (2000, 1500),
+                                  (1300, 900)])
+def test_a_reference_is_sized_as_the_pipeline_sizes_it(size, pipeline_size):
+    """The size a reference trains at is the pipeline's: its own, sides cut to multiples of
+    16; above 1024 x 1024 pixels scaled down to about that area first."""
+    from trainer.data.control_sizing import ControlSizing, own_size
+
     sizing = ControlSizing.of_family(spec("flux2").controls)
-    assert [own_size(size, sizing)] == seen
+    assert own_size(size, sizing) == pipeline_size(size)
+
+
+def test_a_folder_datasets_references_come_at_the_pipelines_sizes(tmp_path, pipeline_size):
+    """The data layer renders each reference at that size, whatever its target's bucket; with
+    dataset.control_resolution, at about that side squared instead."""
+    from control_helpers import noise, pairs
+
+    from trainer.data import prepare_dataset
+
+    train = pairs(tmp_path, names=("a", "b"), sizes=((64, 64), (64, 128)))
+    noise(train / "control" / "a.png", (1100, 1000), seed=4)
+    noise(train / "control" / "b.png", (100, 70), seed=5)
+
+    def control_sizes(**dataset) -> set:
+        cfg = TrainConfig(model={"pretrained_model_name_or_path": TWINS["klein"]},
+                          dataset={"train_data_dir": str(train), "resolution": 64,
+                                   "bucket_reso_steps": 16, "min_bucket_reso": 64,
+                                   "control_dir": "control", "cache_latents": False,
+                                   **dataset})
+        data = prepare_dataset(cfg, lambda _: None, data_home=tmp_path)
+        return {tuple(b.control_pixels[0].shape[-1:-3:-1]) for b in data.epoch(0, 1, seed=1)}
+
+    assert control_sizes() == {pipeline_size((1100, 1000)), pipeline_size((100, 70))}
+    # about 64 x 64 pixels at each one's aspect (1.1 and 1.43), sides cut to multiples of 16
+    assert control_sizes(control_resolution=64) == {(64, 48)}
