@@ -78,3 +78,66 @@ def test_a_zimage_folder_s_bf16_text_encoder_runs_in_the_run_s_dtype(tmp_path):
     assert load_base_model(section).text_encoder.dtype == torch.bfloat16  # as stored
     assert load_base_model(section, torch.float32).text_encoder.dtype == torch.float32
     assert load_base_model(section, torch.bfloat16).text_encoder.dtype == torch.bfloat16
+
+
+def test_a_text_first_cpu_run_encodes_every_image_before_the_transformer(tmp_path, monkeypatch):
+    """On the CPU the latent cache fills as the first epoch goes, except in a text-first run:
+    there every image is encoded before the transformer is built (the encode never shares the
+    memory with it, and no step of the first epoch carries an encode), and the VAE's encoder is
+    let go; the LoRA is the one the lazily cached run trains."""
+    from trainer.run.unused import Released
+
+    seen, real_build, real_encode = {}, zimage_load._folder_transformer, caches.encode_images
+    real_fill, encoded = caches.fill_text_cache, []
+
+    def encode(vae, px, *family):
+        encoded.append(px.shape[0])
+        return real_encode(vae, px, *family)
+
+    def build(*args, **kwargs):
+        seen["encoded at build"] = sum(encoded)
+        seen["encoder at build"] = seen["session"].model.vae.encoder
+        return real_build(*args, **kwargs)
+
+    def fill(s, out, **kwargs):
+        seen["session"] = s
+        real_fill(s, out, **kwargs)
+
+    def make_data(root):
+        data = root / "data"
+        one_image_dataset(data)
+        folder = next(data.iterdir())
+        for name in ("b", "c"):
+            (folder / f"{name}.png").write_bytes((folder / "circle.png").read_bytes())
+            (folder / f"{name}.txt").write_text(f"a {name} circle")
+        return data
+
+    def train(root):
+        cfg = small_config(root, make_data(root), model={"pretrained_model_name_or_path":
+                                                         "embedded:tiny-zimage"},
+                           training={"max_train_steps": 1, "mixed_precision": "no"})
+        sink = ListSink()
+        result = run(cfg, sink)
+        assert result.status == "finished", result.error
+        return load_file(result.output_path), [e.message for e in sink.of(Log)]
+
+    monkeypatch.setattr(caches, "encode_images", encode)
+    monkeypatch.setattr(caches, "fill_text_cache", fill)
+    monkeypatch.setattr(zimage_load, "_folder_transformer", build)
+    first, logs = train(tmp_path / "first")
+    assert isinstance(seen["encoder at build"], Released)
+    with pytest.raises(RuntimeError, match="encoder was released: every image was encoded"):
+        seen["encoder at build"](torch.zeros(1))
+    assert seen["encoded at build"] == 3  # all three, for a run of one step
+    assert any(m.startswith("Latent cache ready: 3 image(s)") for m in logs)
+    assert any(m.startswith("VAE encoder released") for m in logs)
+
+    monkeypatch.setattr(text_first, "applies", lambda *a: False)
+    encoded.clear()
+    seen.clear()
+    lazy_lora, logs = train(tmp_path / "lazy")
+    assert sum(encoded) == 1  # one step: the one image it trains on, when it reaches it
+    assert not any(m.startswith("VAE encoder released") for m in logs)
+    assert first.keys() == lazy_lora.keys()
+    for key, tensor in first.items():
+        torch.testing.assert_close(tensor, lazy_lora[key], rtol=0, atol=1e-6)

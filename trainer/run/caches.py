@@ -5,7 +5,12 @@ On a GPU every image and caption is encoded before the first step, in batches si
 device for the whole of training (T5-XXL alone is 9.5 GB in bf16). On the CPU nothing leaves:
 the encoders stay in the same RAM either way, so encoding everything first only delays the
 first step (16 images and captions of an SD 1.5-size run cost 2.4 s of a 7.6 s
-start). There the caches are lazy: each image and caption is encoded alone the first time a
+start). The exception is a text-first run (trainer/run/text_first.py), whose transformer is not
+built yet when the caches fill: there every image is encoded first on the CPU too, so the VAE's
+encode never shares the memory with the transformer and its encoder is let go before the
+transformer is built (nothing in such a run encodes later), and every step of the first epoch
+is a training step only (its time, and the ETA read from it, is what the later epochs take).
+Elsewhere on the CPU the caches are lazy: each image and caption is encoded alone the first time a
 batch of the first epoch needs it, and kept (in memory, or written to the disk cache) for every
 later epoch; a run shorter than an epoch encodes only what it trains on. Encoding each one
 alone keeps its latent independent of which images shared its batch, so a resumed run reads
@@ -22,6 +27,7 @@ import torch
 
 from trainer.families import family_of
 from trainer.run.step import encode_captions, encode_images
+from trainer.run.unused import release_encoder
 
 
 def lazy(s: Any) -> bool:
@@ -36,7 +42,11 @@ def fill_latent_cache(s: Any, out: Any) -> None:
     bf16 is 4.8 GiB beside a 1024 px image's 2.5 GiB encode)."""
     from trainer.data import cache_batches
 
-    ds, model, later = s.cfg.dataset, s.model, lazy(s)
+    ds, model = s.cfg.dataset, s.model
+    # text first (the transformer not built yet): the images are encoded now on the CPU too,
+    # before the transformer takes the memory, and the encoder is let go (see the module notes)
+    first = model.denoiser is None
+    later = lazy(s) and not first
     family = family_of(model)  # a family may encode its latents its own way
     if s.data.controls:  # edit training: checked again with the loaded model's family
         s.data.use_controls(s.data.controls, model.version)
@@ -65,6 +75,8 @@ def fill_latent_cache(s: Any, out: Any) -> None:
                     f"{time.time() - start:.1f}s")
         if not s.cfg.sampling.sample_prompts and not later:
             model.vae.to("cpu")  # not needed on the device any more
+        if first:  # nothing encodes later in a text-first run (trainer/run/text_first.py)
+            release_encoder(s, out)
 
 
 def check_variant_controls(data: Any, family: Any, model: Any) -> None:
