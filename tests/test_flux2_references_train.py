@@ -3,11 +3,13 @@ references, built here): the LoRA file loads in diffusers' ``Flux2KleinPipeline`
 ``Flux2Pipeline``) ``load_lora_weights`` and gives the trained output on fixed references
 (1e-5); its names are FLUX.2's ComfyUI form (``lora_unet_`` + a BFL weight path, every one of
 which ComfyUI maps: tests/test_flux2_lora.py's ``bfl_weights``). The tiny edit preset trains on
-the sample dataset's controls, and a sample prompt's ``--ci`` references reach the pipeline."""
+the sample dataset's controls, and a sample prompt's ``--ci`` references reach the pipeline; a
+text-first run from ComfyUI's split files caches the references with the targets."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Optional
 
 import pytest
 import torch
@@ -16,9 +18,10 @@ from diffusers import Flux2KleinPipeline, Flux2Pipeline
 from safetensors import safe_open
 from safetensors.torch import load_file
 from test_flux2_lora import bfl_weights
+from test_flux2_split_files import section, split  # noqa: F401 - fixture
 from train_helpers import small_config
 
-from trainer.events import ListSink
+from trainer.events import ListSink, Log
 from trainer.families import family
 from trainer.methods.lora import LoraMethod
 from trainer.models.loader import resolve_model_path
@@ -31,13 +34,14 @@ PIPELINES = {"klein": Flux2KleinPipeline, "dev": Flux2Pipeline}
 FLUX2 = type(family("flux2"))
 
 
-def edit_config(tmp_path, twin: str, **sections):
+def edit_config(tmp_path, twin: str, model: Optional[dict] = None, **sections):
     """Targets a (64 x 64, two references: its inverse and an 80 x 64 picture) and b
-    (64 x 80, one reference), at their own sizes."""
+    (64 x 80, one reference), at their own sizes; ``model``: another model section."""
     train = pairs(tmp_path / "data", names=("a", "b"), sizes=((64, 64), (64, 80)))
     noise(train / "control" / "a_1.png", (80, 64), seed=9)
     dataset = {"control_dir": "control", "bucket_reso_steps": 16}
-    return small_config(tmp_path, train, model={"pretrained_model_name_or_path": TWINS[twin]},
+    return small_config(tmp_path, train,
+                        model=model or {"pretrained_model_name_or_path": TWINS[twin]},
                         dataset=dataset, **sections)
 
 
@@ -151,3 +155,26 @@ def test_the_tiny_edit_preset_trains_on_the_sample_pairs_and_samples_with_refere
     [sample] = sink.of(Sample)
     one, two, without = (Image.open(p).convert("RGB").tobytes() for p in sample.paths)
     assert len({one, two, without}) == 3
+
+
+def test_a_text_first_run_from_split_files_trains_on_its_references(
+        split, tmp_path, monkeypatch):  # noqa: F811
+    """ComfyUI's split files train text first: the references' latents are cached with the
+    targets' before the VAE's encoder is let go, and every step reads them."""
+    _, files, _ = split
+    steps, real_predict = [], FLUX2.predict
+
+    def seen(self, model, noisy, t, text, size_ids, cfg=None, denoiser=None, controls=None):
+        steps.append(len(controls or []))
+        return real_predict(self, model, noisy, t, text, size_ids, cfg, denoiser, controls)
+
+    monkeypatch.setattr(FLUX2, "predict", seen)
+    cfg = edit_config(tmp_path, "klein", model=section(files).model_dump(exclude_none=True),
+                      training={"max_train_steps": 4, "mixed_precision": "no"})
+    sink = ListSink()
+    result = run(cfg, sink)
+    assert result.status == "finished", result.error
+    assert sorted(steps) == [1, 1, 2, 2]
+    logs = [e.message for e in sink.of(Log)]
+    assert any(m.startswith("Text encoders released") for m in logs)
+    assert any(m.startswith("VAE encoder released") for m in logs)
