@@ -7,9 +7,10 @@ land in one bucket. ``area``: the family's pipeline resizes its references to ab
 at their own aspect (``FamilySpec.controls.area``; a dataset TOML's ``control_resolution``),
 sides on multiples of the family's ``multiple``, or to the one of the family's preferred sizes
 (``FamilySpec.controls.sizes``) nearest their aspect; the control is centered in that size and
-flipped with its target. ``native`` (the TOML's ``no_resize_control``): the control keeps its
-size, cropped to the multiple (and scaled down to the area when ``control_resolution`` is also
-set). A batch holds targets of one bucket whose controls have the same sizes
+flipped with its target. ``native`` (the TOML's ``no_resize_control``; a family whose area is
+a limit, ``ControlSpec.shrink_only``: FLUX.2's): the control keeps its size, cropped to the
+multiple (and scaled down to the area when ``control_resolution`` is also set, or the family's
+limit). A batch holds targets of one bucket whose controls have the same sizes
 (trainer/data/dataset.py groups them so).
 """
 
@@ -33,8 +34,11 @@ class ControlSizing:
 
     @classmethod
     def of_family(cls, controls: object) -> ControlSizing:
-        """The sizing a family's ``ControlSpec`` declares."""
+        """The sizing a family's ``ControlSpec`` declares (an area that is only a limit:
+        ``native``, capped at it)."""
         area = getattr(controls, "area", None)
+        if area and getattr(controls, "shrink_only", False):
+            return cls("native", area, getattr(controls, "multiple", 16))
         return cls("area" if area else "target", area, getattr(controls, "multiple", 16),
                    tuple(getattr(controls, "sizes", ())) if area else ())
 

@@ -43,7 +43,9 @@ class ControlSpec:
     the family's pipeline sizes its references (flipped with its target, not cropped with it);
     with ``sizes`` too, each control is resized to the one of those (width, height) whose
     aspect is nearest its own, as a pipeline with a table of preferred resolutions does (FLUX.1
-    Kontext's). Read generically by trainer/data/controls.py and the config rules."""
+    Kontext's); with ``shrink_only``, ``area`` is a limit: a control within it keeps its size
+    (sides cut to multiples of ``multiple``), a larger one is scaled down to about it (FLUX.2's
+    references). Read generically by trainer/data/controls.py and the config rules."""
 
     max: int = 0
     required: int = 0
@@ -54,6 +56,7 @@ class ControlSpec:
     area: Optional[int] = None
     multiple: int = 16
     sizes: tuple[tuple[int, int], ...] = ()
+    shrink_only: bool = False
 
 
 @dataclass(frozen=True)

@@ -116,7 +116,8 @@ class DatasetSection(CaptionOptions):
         None, "Edit training: resize each control image to about this side squared at its own "
         "aspect (musubi-tuner's control_resolution; a dataset TOML subset's own wins). Unset: "
         "as the model's pipeline sizes its references (FLUX.1 Kontext: BFL's preferred "
-        "resolution nearest the aspect, about 1024 x 1024).", advanced=True, ge=16, le=8192,
+        "resolution nearest the aspect, about 1024 x 1024; FLUX.2: its own size, scaled down "
+        "to about 1024 x 1024 when larger).", advanced=True, ge=16, le=8192,
         families=EDIT, label="Control image resolution",
     )
     shuffle_caption: bool = setting(False, "Shuffle the comma-separated tags of each caption.",

@@ -21,6 +21,10 @@ transformer reads them patchified and packed one token per patch with position i
 (klein has no guidance embedder; dev's is given ``flow.guidance_scale``, FLUX.1's setting: 1.0,
 musubi-tuner's fixed training value; diffusers' example defaults to 3.5), and returns the
 velocity ``noise - latents``, unpatchified back.
+
+Reference images (edit training's controls, trainer/families/flux2/references.py) are encoded
+as the target is; their tokens follow the target's with position ids whose time coordinate
+is 10, 20, ... per reference, and the output is cut back to the target's tokens.
 """
 
 from __future__ import annotations
@@ -72,22 +76,32 @@ def normalize_latents(vae: Any, latents: torch.Tensor) -> torch.Tensor:
 
 
 def transformer_call(transformer: Any, latents: torch.Tensor, sigma: torch.Tensor,
-                     hidden: torch.Tensor, guidance: Optional[float] = None) -> torch.Tensor:
+                     hidden: torch.Tensor, guidance: Optional[float] = None,
+                     references: Optional[list[torch.Tensor]] = None) -> torch.Tensor:
     """The transformer's output for patchified latents [B, C, H, W] at ``sigma`` [B] (the
-    pipeline's ``timestep / 1000``), as the pipeline calls it; [B, C, H, W]."""
+    pipeline's ``timestep / 1000``), as the pipeline calls it; [B, C, H, W]. ``references``:
+    patchified reference latents (one [B, C, h, w] each), read after the target's tokens;
+    the output keeps the target's."""
     from diffusers import Flux2KleinPipeline as Pipe
 
+    from trainer.families.flux2.references import pack_references
+
     b, c, h, w = latents.shape
+    tokens = Pipe._pack_latents(latents)
     img_ids = Pipe._prepare_latent_ids(latents).to(latents.device)
+    if references:
+        ref_tokens, ref_ids = pack_references([r.to(latents.dtype) for r in references])
+        tokens = torch.cat([tokens, ref_tokens], dim=1)
+        img_ids = torch.cat([img_ids, ref_ids], dim=1)
     txt_ids = Pipe._prepare_text_ids(hidden).to(latents.device)
     value = None
     if transformer.config.guidance_embeds:
         value = torch.full((b,), float(4.0 if guidance is None else guidance),
                            device=latents.device, dtype=latents.dtype)
-    out = transformer(hidden_states=Pipe._pack_latents(latents), timestep=sigma,
-                      guidance=value, encoder_hidden_states=hidden, txt_ids=txt_ids,
-                      img_ids=img_ids, return_dict=False)[0]
-    return out.permute(0, 2, 1).reshape(b, c, h, w)
+    out = transformer(hidden_states=tokens, timestep=sigma, guidance=value,
+                      encoder_hidden_states=hidden, txt_ids=txt_ids, img_ids=img_ids,
+                      return_dict=False)[0]
+    return out[:, :h * w].permute(0, 2, 1).reshape(b, c, h, w)
 
 
 class Flux2Family:
@@ -129,16 +143,20 @@ class Flux2Family:
 
     def predict(self, model: Any, noisy: torch.Tensor, t: torch.Tensor,
                 text: TextConditioning, size_ids: Optional[torch.Tensor], cfg: Any = None,
-                denoiser: Any = None) -> torch.Tensor:
-        """``noise - latents`` predicted for ``noisy`` [B, C, H/8, W/8] at sigmas ``t`` [B]."""
+                denoiser: Any = None, controls: Optional[list[torch.Tensor]] = None
+                ) -> torch.Tensor:
+        """``noise - latents`` predicted for ``noisy`` [B, C, H/8, W/8] at sigmas ``t`` [B];
+        ``controls``: the latents of its reference images (one [B, C, h, w] each, as
+        ``encode_latents`` gives them, each its own size), read beside it."""
         from diffusers import Flux2KleinPipeline as Pipe
 
         transformer = denoiser if denoiser is not None else model.denoiser
         guidance = self.guidance
         if guidance is None and cfg is not None:
             guidance = cfg.flow.guidance_scale
+        references = [Pipe._patchify_latents(c) for c in controls or ()]
         out = transformer_call(transformer, Pipe._patchify_latents(noisy), t.to(noisy.dtype),
-                               text.hidden.to(noisy.dtype), guidance)
+                               text.hidden.to(noisy.dtype), guidance, references)
         return Pipe._unpatchify_latents(out)
 
     def pipeline(self, model: Any, denoiser: Any, scheduler: Any) -> Any:
