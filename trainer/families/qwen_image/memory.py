@@ -93,9 +93,10 @@ def _prefix_of(path: Path, prefix: str) -> str:
 
 
 # --- edit training: what Qwen2.5-VL's reading of the control images adds -----------------------
-# "Picture N: " before each image in the Plus template (2509, 2511); the vision start and end
-# tokens around each image's pads in both templates
-PICTURE_TOKENS = 4
+# "Picture N: " before each image in the Plus template (2509, 2511): Qwen2's pre-tokenizer
+# splits it into "Picture", " ", the digit, ":", " " (the image markers are special tokens);
+# the vision start and end tokens around each image's pads in both templates
+PICTURE_TOKENS = 5
 MARKER_TOKENS = 2
 
 
