@@ -46,10 +46,9 @@ def pairs(root, controls: int = 1, side: int = SIDE):
 
 
 def tiny_cfg(model: str, data, control: bool = True, side: int = SIDE):
-    given = {"train_data_dir": str(data), "resolution": side, "min_bucket_reso": SIDE,
-             "control_resolution": side}
+    given = {"train_data_dir": str(data), "resolution": side, "min_bucket_reso": SIDE}
     if control:
-        given["control_dir"] = "control"
+        given.update(control_dir="control", control_resolution=side)
     return from_dict({"model": {"pretrained_model_name_or_path": model},
                       "network": {"network_dim": 4}, "dataset": given})
 
@@ -132,6 +131,40 @@ def test_a_qwen_image_edit_control_lengthens_both_sequences(tmp_path, monkeypatc
     without = step_bytes(config, plain, (PX, PX), 1, True)
     assert without == fm.simulate_flow_step(config, plain, (PX, PX), 1, True)
     assert without < 0.8 * estimate
+
+
+def test_flux2_references_are_counted_once_the_family_takes_them(tmp_path, monkeypatch):
+    """FLUX.2's references (optional, each at its own size up to about 1024 x 1024: the
+    family's ControlSpec, patched in here as FLUX.2 declares it) follow the target's tokens
+    with 4-axis ids: the advisor's step equals the step simulated with those inputs; without
+    control_dir nothing is counted."""
+    from dataclasses import replace
+
+    from trainer.families import FAMILIES
+    from trainer.families.spec import ControlSpec
+
+    monkeypatch.setitem(FAMILIES, "flux2", replace(FAMILIES["flux2"], controls=ControlSpec(
+        max=10, area=1024 * 1024, multiple=16)))
+    data = pairs(tmp_path / "data", side=PX)
+    plain = tiny_cfg("embedded:tiny-flux2", data, control=False, side=PX)
+    # the config rules read which families take controls when the schema is built: set the
+    # folder past them, as a config of the family that declares it loads
+    cfg = plain.model_copy(update={"dataset": plain.dataset.model_copy(
+        update={"control_dir": "control", "control_resolution": PX})})
+    config = real_config("flux2-klein-4b")
+    edit = edit_sequence(cfg, (PX, PX))
+    assert (edit.count, edit.image_tokens, edit.text_tokens) == (1, (PX // 16) ** 2, 0)
+
+    def flux2(image_inputs):
+        def build(config, w, h, batch, text):
+            one = image_inputs(config, w, h, batch, text)
+            return dict(one, hidden_states=torch.cat([one["hidden_states"]] * 2, dim=1),
+                        img_ids=torch.cat([one["img_ids"]] * 2, dim=1))
+        return build
+    estimate = step_bytes(config, cfg, (PX, PX), 1, True)
+    assert estimate == pytest.approx(real_step(config, cfg, monkeypatch, flux2), rel=0.002)
+    assert edit_sequence(plain, (PX, PX)) is None
+    assert step_bytes(config, plain, (PX, PX), 1, True) < 0.8 * estimate
 
 
 def test_the_number_of_controls_comes_from_the_dataset_else_one(tmp_path):

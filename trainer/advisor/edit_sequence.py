@@ -62,10 +62,10 @@ def _family(cfg: Any) -> Optional[str]:
 def dataset_count(cfg: Any) -> Optional[int]:
     """The most controls a training image of the dataset has; None where it cannot be read
     or pairs none."""
-    from trainer.advisor.estimate import _prepared
+    from trainer.advisor.dataset_cache import prepared
 
     try:
-        found = _prepared(cfg).controls
+        found = prepared(cfg).controls
     except (OSError, ValueError):  # DatasetError included: the advisor reports it elsewhere
         return None
     counts = [len(c.images) for c in found or () if c is not None]
