@@ -178,6 +178,20 @@ def test_the_number_of_controls_comes_from_the_dataset_else_one(tmp_path):
     assert found[0].text_tokens == 2 * found[1].text_tokens
 
 
+def test_a_dataset_tomls_control_directory_is_counted(tmp_path):
+    """Without dataset.control_dir, a dataset TOML subset's ``control_directory`` (musubi-
+    tuner's key) pairs the controls, and the advisor counts them."""
+    data = pairs(tmp_path / "data", controls=2)
+    toml = tmp_path / "dataset.toml"
+    toml.write_text(f"""[general]\nresolution = {SIDE}\n\n[[datasets]]\n\n[[datasets.subsets]]
+image_dir = "{data / '1_edit'}"\ncontrol_directory = "{data / 'control'}"\n""")
+    cfg = from_dict({"model": {"pretrained_model_name_or_path": "embedded:tiny-qwen-image-edit"},
+                     "network": {"network_dim": 4},
+                     "dataset": {"dataset_config": str(toml), "min_bucket_reso": SIDE}})
+    edit = edit_sequence(cfg, (SIDE, SIDE))
+    assert (edit.count, edit.source) == (2, "dataset")
+
+
 @pytest.mark.parametrize("variant, size", [("edit", (1024, 1024)), ("edit", (1024, 768)),
                                            ("edit-2509", (1024, 1024)),
                                            ("edit-2509", (1248, 832))])

@@ -90,6 +90,8 @@ def edit_sequence(cfg: Any, bucket: tuple[int, int], c: int = 2) -> Optional[Edi
     family, no control folder)."""
     from trainer.families import role, spec
 
+    if cfg.dataset.control_dir is None and cfg.dataset.dataset_config is None:
+        return None  # no control folder anywhere (a dataset TOML's subsets may name one)
     family = _family(cfg)
     if family is None or spec(family).controls.max == 0:
         return None
