@@ -178,6 +178,24 @@ def test_the_number_of_controls_comes_from_the_dataset_else_one(tmp_path):
     assert found[0].text_tokens == 2 * found[1].text_tokens
 
 
+def test_a_kontext_reference_is_sized_from_its_own_aspect(tmp_path):
+    """A stored 1100 x 800 reference is trained at BFL's preferred Kontext size nearest its
+    aspect (1184 x 880 of diffusers' PREFERRED_KONTEXT_RESOLUTIONS), whatever the target's
+    bucket: its tokens are that size's."""
+    from diffusers.pipelines.flux.pipeline_flux_kontext import PREFERRED_KONTEXT_RESOLUTIONS
+
+    data = pairs(tmp_path / "data")
+    (data / "control" / "a.png").unlink()
+    Image.new("RGB", (1100, 800)).save(data / "control" / "a.png")
+    cfg = from_dict({"model": {"pretrained_model_name_or_path": "embedded:tiny-flux-kontext"},
+                     "dataset": {"train_data_dir": str(data), "control_dir": "control",
+                                 "resolution": SIDE, "min_bucket_reso": SIDE}})
+    edit = edit_sequence(cfg, (SIDE, SIDE))
+    nearest = min(PREFERRED_KONTEXT_RESOLUTIONS, key=lambda wh: abs(1100 / 800 - wh[0] / wh[1]))
+    assert edit.sizes == (nearest,) == ((1184, 880),) and edit.source == "dataset"
+    assert edit.image_tokens == (1184 // 16) * (880 // 16)
+
+
 def test_a_dataset_tomls_control_directory_is_counted(tmp_path):
     """Without dataset.control_dir, a dataset TOML subset's ``control_directory`` (musubi-
     tuner's key) pairs the controls, and the advisor counts them."""

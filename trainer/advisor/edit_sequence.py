@@ -8,13 +8,15 @@ their vision tokens stay in the text sequence the transformer reads
 
 The controls are counted when the run trains with them: ``dataset.control_dir`` is set, or the
 dataset (a dataset TOML's ``control_directory``) pairs its images with controls, and the model
-is an edit family's (``FamilySpec.controls.max`` > 0). How many per sample: the most any
-training image has, where the dataset can be read (the advisor reads it anyway for the step
-arithmetic: ``trainer.data.prepare_dataset``, cached); else one (every edit variant's default:
-Kontext and Qwen-Image-Edit take one, 2509 / 2511 one unless the data shows more). Each is
-sized as the data layer sizes it (:mod:`trainer.data.control_sizing`: the target's bucket, or
-the family's pipeline area / preferred sizes, or ``dataset.control_resolution``), for a control
-of the target's aspect.
+is an edit family's (``FamilySpec.controls.max`` > 0). Which: where the dataset can be read
+(the advisor reads it anyway for the step arithmetic: ``trainer.data.prepare_dataset``, cached,
+:mod:`trainer.advisor.dataset_cache`), the controls of the training image whose controls make
+the most tokens, as many as it has, each sized as the data layer sizes it from its stored size
+(:mod:`trainer.data.control_sizing`: the target's bucket, or the family's pipeline area /
+preferred sizes, or ``dataset.control_resolution``; a dataset TOML subset's own
+``control_resolution`` is not read here), beside a target in the largest bucket (the worst
+case); else one control of the target's size (every edit variant's default: Kontext and
+Qwen-Image-Edit take one, 2509 / 2511 one unless the data shows more).
 
 A step's tensors depend on how many tokens the sequence holds, not on how they are arranged
 (the position ids and rotary tables are as long as the sequence), so the step with controls is
@@ -59,35 +61,50 @@ def _family(cfg: Any) -> Optional[str]:
         return None
 
 
-def dataset_count(cfg: Any) -> Optional[int]:
-    """The most controls a training image of the dataset has; None where it cannot be read
-    or pairs none."""
+def dataset_controls(cfg: Any) -> Optional[list[tuple[tuple[int, int], ...]]]:
+    """The sizes (width, height, as stored) of each training image's controls in the dataset;
+    None where it cannot be read or pairs none."""
     from trainer.advisor.dataset_cache import prepared
 
     try:
         found = prepared(cfg).controls
     except (OSError, ValueError):  # DatasetError included: the advisor reports it elsewhere
         return None
-    counts = [len(c.images) for c in found or () if c is not None]
-    return max(counts) if counts and max(counts) else None
+    out = [tuple(i.size for i in c.images) for c in found or () if c is not None and c.images]
+    return out or None
 
 
-def control_sizes(cfg: Any, family: str, bucket: tuple[int, int], count: int
-                  ) -> tuple[tuple[int, int], ...]:
-    """Each control's trained size for a target in ``bucket`` (a control of its aspect)."""
-    from trainer.data.control_sizing import ControlSizing, own_size
+def _sizing(cfg: Any, family: str) -> Any:
+    from trainer.data.control_sizing import ControlSizing
     from trainer.families import spec
 
     sizing = ControlSizing.of_family(spec(family).controls)
     if cfg.dataset.control_resolution is not None:
         sizing = sizing.with_toml(cfg.dataset.control_resolution, False)
-    size = tuple(bucket) if sizing.mode == "target" else own_size(tuple(bucket), sizing)
-    return (size,) * count
+    return sizing
+
+
+def control_sizes(cfg: Any, family: str, bucket: tuple[int, int],
+                  stored: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+    """The trained size of each control stored at ``stored`` sizes for a target in
+    ``bucket`` (trainer/data/control_sizing.py: the bucket itself where controls take their
+    target's; else the family's or control_resolution's size for the control's own)."""
+    from trainer.data.control_sizing import own_size
+
+    sizing = _sizing(cfg, family)
+    return tuple(tuple(bucket) if sizing.mode == "target" else own_size(tuple(size), sizing)
+                 for size in stored)
+
+
+def _tokens(sizes: tuple[tuple[int, int], ...]) -> int:
+    return sum((w // PATCH) * (h // PATCH) for w, h in sizes)
 
 
 def edit_sequence(cfg: Any, bucket: tuple[int, int], c: int = 2) -> Optional[EditSequence]:
     """What ``cfg``'s controls add to a step at ``bucket``; None without controls (not an edit
-    family, no control folder)."""
+    family, no control folder). From the dataset: the training image whose controls make the
+    most tokens, beside a target in ``bucket`` (the largest, where the advisor asks); else
+    one control of the target's size."""
     from trainer.families import role, spec
 
     if cfg.dataset.control_dir is None and cfg.dataset.dataset_config is None:
@@ -95,18 +112,18 @@ def edit_sequence(cfg: Any, bucket: tuple[int, int], c: int = 2) -> Optional[Edi
     family = _family(cfg)
     if family is None or spec(family).controls.max == 0:
         return None
-    counted = dataset_count(cfg)
-    if counted is None and cfg.dataset.control_dir is None:
+    found = dataset_controls(cfg)
+    if found is None and cfg.dataset.control_dir is None:
         return None
-    count = min(counted or DEFAULT_COUNT, spec(family).controls.max)
-    sizes = control_sizes(cfg, family, bucket, count)
-    tokens = sum((w // PATCH) * (h // PATCH) for w, h in sizes)
+    stored = found or [(tuple(bucket),) * DEFAULT_COUNT]
+    sizes = max((control_sizes(cfg, family, bucket, s[:spec(family).controls.max])
+                 for s in stored), key=_tokens)
     text = (0, 0, "")
     own = getattr(role(family, "memory"), "control_text", None)
     if own is not None and spec(family).controls.text:
         text = own(cfg.model, list(sizes), c)
-    return EditSequence(count, sizes, tokens, *text,
-                        source="dataset" if counted else "default")
+    return EditSequence(len(sizes), sizes, _tokens(sizes), *text,
+                        source="dataset" if found else "default")
 
 
 def sequence_size(size: tuple[int, int], edit: Optional[EditSequence]) -> tuple[int, int]:
