@@ -11,7 +11,8 @@
   families' models (``trainer/assets/advisor``; :mod:`~trainer.advisor.make_shipped` makes
   them), :mod:`~trainer.advisor.disk_cache` the others once made;
 - :mod:`~trainer.advisor.flow_memory` and :mod:`~trainer.advisor.flow_advice`: FLUX.1 and SD 3.5
-  with their memory options;
+  with their memory options; :mod:`~trainer.advisor.edit_sequence`: what an edit model's
+  control images add to a step's sequence and to the text encoder's;
 - :mod:`~trainer.advisor.rules`: the devices' throughput and the recommendations;
 - :mod:`~trainer.advisor.advice`: the records the estimate fills;
 - :mod:`~trainer.advisor.report`: those records in words, and ``python -m trainer advise``.

@@ -27,8 +27,6 @@ has the devices and the rules). ``python -m trainer advise CONFIG.toml`` prints 
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any, Optional
 
 from trainer.advisor.advice import (  # noqa: F401
@@ -43,6 +41,7 @@ from trainer.advisor.advice import (  # noqa: F401
     Timing,
     gib,
 )
+from trainer.advisor.dataset_cache import prepared
 from trainer.advisor.host_memory import sd_phases
 from trainer.advisor.law_keys import with_changes  # noqa: F401 - the advice's changes
 from trainer.advisor.rules import Recommendation, device_rules, memory_rules, throughput
@@ -55,54 +54,9 @@ from trainer.system.library_lock import library_imports
 OP_S = {"cpu": 2e-5, "gpu": 1e-5}
 OPTIMIZER_S_PER_PARAM = {"cpu": 2e-8, "gpu": 5e-11}
 OPS_PER_TENSOR = {"cpu": 12, "gpu": 0}
-_DATA_CACHE: dict[str, Any] = {}
 
 
 # --- the step arithmetic -----------------------------------------------------------------
-
-def _folder_stamp(value: Optional[str]) -> list:
-    if not value or value.startswith("embedded:"):
-        return [value]
-    root = Path(value).expanduser()
-    try:
-        return [value] + sorted((p.name, p.stat().st_mtime_ns) for p in [root, *root.iterdir()]
-                                if p.is_dir())
-    except OSError:
-        return [value, None]
-
-
-def _toml_stamp(path: Optional[str]) -> list:
-    """A dataset TOML's own time and its image folders' stamps (its subsets can change)."""
-    if not path:
-        return []
-    from trainer.data.dataset_toml import read_toml
-
-    try:
-        toml = Path(path).expanduser()
-        raw = read_toml(toml)
-    except (OSError, ValueError):
-        return [path, None]
-    dirs = [sub.get("image_dir") for d in raw.get("datasets", []) if isinstance(d, dict)
-            for sub in d.get("subsets", []) if isinstance(sub, dict)]
-    return [path, toml.stat().st_mtime_ns] + [
-        _folder_stamp(str(toml.parent / d)) for d in dirs if isinstance(d, str)]
-
-
-def _prepared(cfg: Any) -> Any:
-    """``prepare_dataset(cfg)``, cached while the folders do not change."""
-    from trainer.data import prepare_dataset
-
-    ds = cfg.dataset
-    key = json.dumps([ds.model_dump(mode="json"), cfg.mode, cfg.training.seed,
-                      cfg.training.prior_loss_weight, cfg.network.model_dump(mode="json")]
-                     + [_folder_stamp(d) for d in (ds.train_data_dir, ds.reg_data_dir,
-                                                   ds.validation_data_dir)]
-                     + _toml_stamp(ds.dataset_config), default=str)
-    if key not in _DATA_CACHE:
-        _DATA_CACHE.clear()  # one dataset at a time: the form's
-        _DATA_CACHE[key] = prepare_dataset(cfg, warn=lambda message: None)
-    return _DATA_CACHE[key]
-
 
 def step_arithmetic(cfg: Any) -> Steps:
     from trainer.config.plan import plan_steps
@@ -111,7 +65,7 @@ def step_arithmetic(cfg: Any) -> Steps:
 
     tr, base = cfg.training, base_size(cfg.dataset.resolution)
     try:
-        data = _prepared(cfg)
+        data = prepared(cfg)
         plan = plan_steps(data.steps_per_epoch(tr.train_batch_size),
                           tr.gradient_accumulation_steps, tr.max_train_steps,
                           tr.max_train_epochs)

@@ -162,8 +162,12 @@ def flow_timing(config: dict, cfg: Any, info: Any, precision: str, size: tuple[i
                 option: FlowOption) -> Timing:
     """Forward (2 flop per weight and token), backward to the inputs (2 more), the
     recomputation with checkpointing (2 more); the swap's copies overlap the compute."""
+    from trainer.advisor.edit_sequence import edit_sequence
+
     w = flow_weights(config, cfg)
-    tokens = (size[0] // 16) * (size[1] // 16) + text_tokens(config, cfg)  # as T5 is padded
+    edit = edit_sequence(cfg, size)  # an edit model's controls lengthen the sequence
+    tokens = (size[0] // 16) * (size[1] // 16) + text_tokens(config, cfg, edit) \
+        + (edit.image_tokens if edit else 0)  # as T5 is padded
     passes = 6 if option.checkpointing else 4
     flop = passes * w.total * tokens * option.batch
     rate, basis = throughput(info, precision)
@@ -233,7 +237,11 @@ def _text_phase(advice: Advice, cfg: Any, info: Any, parts: dict, capacity: int,
     text = [p for p in parts if p != "vae"]
     fp8 = hm.fp8_stored(text)
     largest = max((parts[p].largest for p in fp8), default=0)
-    in_fp8 = on_device + sum(parts[p].held(c, p in fp8) for p in text) + largest * c
+    from trainer.advisor.edit_sequence import edit_sequence
+
+    edit = edit_sequence(cfg, advice.steps.largest_bucket, c)  # reading the controls
+    in_fp8 = on_device + sum(parts[p].held(c, p in fp8) for p in text) + largest * c \
+        + (edit.encode_bytes if edit else 0)
     names = ", ".join(text)
     if not cfg.model.fp8_text_encoders and in_fp8 <= capacity * FITS_BELOW:
         advice.recommendations.insert(0, Recommendation(
@@ -257,16 +265,19 @@ def _phases(advice: Advice, cfg: Any, info: Any, config: dict, option: FlowOptio
     """The RAM and the device phase by phase (:mod:`trainer.advisor.host_memory`); on the CPU
     the peak is the phase that holds the most."""
     from trainer.advisor import host_memory as hm
+    from trainer.advisor.edit_sequence import edit_sequence
     from trainer.families import role, spec
     from trainer.system.device import system_memory
 
     family = _family(config)
     parts = hm.model_parts(cfg.model, family)
     w = flow_weights(config, cfg)
-    text = text_tokens(config, cfg)
+    edit = edit_sequence(cfg, advice.steps.largest_bucket, c)
+    text = text_tokens(config, cfg, edit)
     held = hm.held(cfg, parts, weight_bytes(w, option.base, None, c), c,
                    "fp32" if c == 4 else "bf16", max(advice.steps.images, 1), text,
-                   _text_width(config, family))
+                   _text_width(config, family),
+                   (edit.encode_words, edit.encode_bytes) if edit else None)
     assets = spec(family).assets(role(family, "memory").VARIANT)
     encode = hm.vae_encode_bytes(hm.vae_config_root(cfg.model, assets),
                                  advice.steps.largest_bucket)

@@ -19,11 +19,14 @@ from trainer.advisor import flow_memory as fm
 from trainer.advisor.model_configs import cached
 
 
-def text_tokens(config: dict, cfg: Any = None) -> int:
+def text_tokens(config: dict, cfg: Any = None, edit: Any = None) -> int:
     """The text tokens beside the image's in a step: T5's configured length
-    (``model.t5xxl_max_token_length``, else the family's), and SD 3.5's 77 CLIP tokens."""
+    (``model.t5xxl_max_token_length``, else the family's), SD 3.5's 77 CLIP tokens, and what
+    an edit model's text encoder adds reading the controls (``edit``: Qwen-Image-Edit's vision
+    tokens, :mod:`trainer.advisor.edit_sequence`)."""
     t5 = getattr(getattr(cfg, "model", None), "t5xxl_max_token_length", None)
-    return (t5 or fm.t5_tokens(config)) + fm.clip_tokens(config)
+    own = edit.text_tokens if edit is not None else 0
+    return (t5 or fm.t5_tokens(config)) + fm.clip_tokens(config) + own
 
 
 def unit_bytes(w: fm.FlowWeights, base: str, c: int = 2) -> list[float]:
@@ -67,8 +70,10 @@ class _TextLength(torch.nn.Module):
         batch, _, width = inputs["encoder_hidden_states"].shape
         inputs["encoder_hidden_states"] = torch.zeros(batch, self.text, width, device="meta",
                                                       dtype=torch.bfloat16)
-        if "txt_ids" in inputs:
-            inputs["txt_ids"] = torch.zeros(self.text, 3, device="meta")
+        if "txt_ids" in inputs:  # [text, 3] (FLUX.1) or [batch, text, 4] (FLUX.2)
+            ids = list(inputs["txt_ids"].shape)
+            ids[-2] = self.text
+            inputs["txt_ids"] = torch.zeros(ids, device="meta")
         return self.inner(**inputs)
 
 
@@ -77,8 +82,14 @@ def step_bytes(config: dict, cfg: Any, size: tuple[int, int], batch: int,
     """Peak bytes of a LoRA step's own tensors (bf16) at T5's configured length: the shipped
     laws' answer at the family's length (:func:`trainer.advisor.flow_memory.
     simulate_flow_step`), else the same small models simulated at this one, extrapolated per
-    block; cached."""
-    text = text_tokens(config, cfg)
+    block; cached. With controls (:func:`trainer.advisor.edit_sequence.edit_sequence`), at a
+    latent of as many tokens as the target's and the controls' together, and with the text
+    tokens their reading adds."""
+    from trainer.advisor.edit_sequence import edit_sequence, sequence_size
+
+    edit = edit_sequence(cfg, size)
+    size = sequence_size(size, edit)
+    text = text_tokens(config, cfg, edit)
     if text == text_tokens(config):
         return fm.simulate_flow_step(config, cfg, size, batch, checkpointing)
 

@@ -204,12 +204,17 @@ class Held:
     transformer: tuple[str, int]
     outputs: tuple[str, int]
     encoding: tuple[str, int]  # what encoding the captions adds
+    # what reading an edit model's control images adds to the encode (Qwen-Image-Edit's
+    # Qwen2.5-VL: trainer/advisor/edit_sequence.py); none elsewhere
+    reading: Optional[tuple[str, int]] = None
 
 
 def held(cfg: Any, parts: dict[str, Part], transformer: int, c: int, name: str,
-         captions: int, text_tokens: int, width: int) -> Held:
+         captions: int, text_tokens: int, width: int,
+         reading: Optional[tuple[str, int]] = None) -> Held:
     """The host's entries for the phases: the runtime, each text encoder, the VAE, the
-    transformer (``transformer`` bytes as stored), the cached text outputs."""
+    transformer (``transformer`` bytes as stored), the cached text outputs; ``reading``:
+    what the text encoder's reading of the control images adds while it encodes."""
     from trainer.config.rules.family import trains_t5
 
     fp8_te = cfg.model.fp8_text_encoders and not trains_t5(cfg)  # Chroma's: train_text_encoder
@@ -229,7 +234,8 @@ def held(cfg: Any, parts: dict[str, Part], transformer: int, c: int, name: str,
     return Held(("runtime: Python and the libraries", RUNTIME["cpu"]), text,
                 (f"VAE: {_millions(vae.params)} x {name}", vae.held(c, False)),
                 (f"transformer ({cfg.model.base_precision} storage)", transformer),
-                (f"cached text outputs: {captions} caption(s)", outputs), copies)
+                (f"cached text outputs: {captions} caption(s)", outputs), copies,
+                reading if reading and reading[1] else None)
 
 
 def flow_phases(info: Any, h: Held, step_lines: list[tuple[str, int]],
@@ -247,9 +253,11 @@ def flow_phases(info: Any, h: Held, step_lines: list[tuple[str, int]],
     on_device = RUNTIME.get(info.backend, RUNTIME["cuda"])
     runtime = ("runtime: Python and the libraries a load imports", RUNTIME_LOADING)
     loaded = [runtime, *h.text, h.vae] + ([] if first else [h.transformer])
+    encoding = [h.encoding] + ([h.reading] if h.reading else [])
     phases = [Phase("load", tuple(loaded + [reading]), None if cpu else on_device),
-              Phase("text cache", tuple(loaded + [h.outputs, h.encoding]),
-                    None if cpu else on_device + sum(b for _, b in h.text) + h.encoding[1])]
+              Phase("text cache", tuple(loaded + [h.outputs, *encoding]),
+                    None if cpu else on_device + sum(b for _, b in h.text)
+                    + sum(b for _, b in encoding))]
     if first:
         phases.append(Phase("transformer", (runtime, h.vae, h.outputs, h.transformer,
                                             reading), None if cpu else on_device))

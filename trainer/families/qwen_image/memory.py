@@ -90,3 +90,103 @@ def _prefix_of(path: Path, prefix: str) -> str:
     except Exception:  # noqa: BLE001 - an unreadable file counts as nothing here
         return prefix
     return prefix if any(k.startswith(prefix) for k in keys) else ""
+
+
+# --- edit training: what Qwen2.5-VL's reading of the control images adds -----------------------
+# "Picture N: " before each image in the Plus template (2509, 2511): Qwen2's pre-tokenizer
+# splits it into "Picture", " ", the digit, ":", " " (the image markers are special tokens);
+# the vision start and end tokens around each image's pads in both templates
+PICTURE_TOKENS = 5
+MARKER_TOKENS = 2
+
+
+def edit_variant(section: Any) -> str:
+    """The edit variant of ``section``'s model: a diffusers folder's pipeline (2511 by its
+    transformer's ``zero_cond_t``), a single file's header; Edit where neither tells."""
+    import json
+
+    from trainer.families import detect_path
+    from trainer.families.qwen_image.detect import folder_variant
+
+    path = _root(section)
+    try:
+        if path.is_dir():
+            index = json.loads((path / "model_index.json").read_text(encoding="utf-8"))
+            config = path / "transformer" / "config.json"
+            transformer = json.loads(config.read_text(encoding="utf-8")) \
+                if config.is_file() else {}
+            return folder_variant(index, transformer)
+        variant = getattr(detect_path(path).header, "variant", None)
+    except (OSError, ValueError):
+        variant = None
+    return variant if variant and variant.startswith("edit") else "edit"
+
+
+def text_side(variant: str, size: tuple[int, int]) -> tuple[int, int]:
+    """The size the text encoder reads a control of ``size`` at: Edit's pipeline passes it
+    as its latents have it, Plus (2509, 2511) at about 384 x 384 (edit.py)."""
+    from trainer.families.qwen_image.edit import condition_size
+
+    return size if variant == "edit" else condition_size(*size)
+
+
+def _root(section: Any) -> Path:
+    """The model's folder or file (the embedded twin's folder, where a run has built it)."""
+    from trainer.models.loader import EMBEDDED_MODELS
+
+    value = section.pretrained_model_name_or_path
+    if value in EMBEDDED_MODELS:
+        from trainer.config.paths import data_home
+
+        return data_home() / "embedded" / value.split(":", 1)[1]
+    return Path(value).expanduser()
+
+
+def _own_config(section: Any, part: str, name: str) -> dict:
+    """``part/name`` of ``section``'s model folder (the embedded twin's where a run built it),
+    else the shipped one of Qwen-Image's release (every edit model's is the same)."""
+    import json
+
+    from trainer.families import spec
+
+    own = _root(section) / part / name
+    path = own if own.is_file() else spec("qwen_image").assets(VARIANT) / part / name
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def vision_tokens(size: tuple[int, int], processor: dict) -> int:
+    """The image pads the processor (its ``preprocessor_config.json``) puts in the prompt for
+    an image of ``size`` (width, height): its ``smart_resize`` to multiples of the merged
+    patch within its pixel bounds, one token per merge of patches."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+    patch, merge = processor["patch_size"], processor["merge_size"]
+    h, w = smart_resize(size[1], size[0], factor=patch * merge,
+                        min_pixels=processor["min_pixels"], max_pixels=processor["max_pixels"])
+    return (h // patch) * (w // patch) // (merge * merge)
+
+
+def control_text(section: Any, sizes: list[tuple[int, int]], c: int) -> tuple[int, int, str]:
+    """What the text encoder's reading of the controls (trained at ``sizes``) adds: (tokens to
+    the text sequence the transformer reads, bytes while the captions are encoded at ``c``
+    bytes a value, a line's words). The pads, the vision markers (and Plus's "Picture N: ")
+    stay in the hidden states after the template's first 64 tokens, so the transformer's
+    text grows by them. While encoding, the language model keeps every layer's hidden states
+    of those tokens (``output_hidden_states``) and their logits (the pipeline's
+    ``Qwen2_5_VLForConditionalGeneration``), and one layer's feed-forward; the vision tower
+    one layer's tensors of the image's 14 px patches (its layers run one at a time, without
+    gradients)."""
+    variant = edit_variant(section)
+    config = _own_config(section, "text_encoder", "config.json")
+    processor = _own_config(section, "processor", "preprocessor_config.json")
+    text, vision = config.get("text_config", config), config["vision_config"]
+    pads = [vision_tokens(text_side(variant, s), processor) for s in sizes]
+    extra = MARKER_TOKENS + (0 if variant == "edit" else PICTURE_TOKENS)
+    tokens = sum(pads) + extra * len(sizes)
+    per_token = (text["num_hidden_layers"] + 1) * text["hidden_size"] + text["vocab_size"] \
+        + 3 * text["intermediate_size"]
+    patches = max(pads, default=0) * vision["spatial_merge_size"] ** 2
+    tower = patches * (4 * vision["hidden_size"] + 3 * vision["intermediate_size"])
+    sides = ", ".join(f"{w}x{h}" for w, h in (text_side(variant, s) for s in sizes))
+    return tokens, c * (tokens * per_token + tower), (
+        f"Qwen2.5-VL reading the control image(s) at {sides} px: {tokens} more tokens")
