@@ -22,9 +22,12 @@ def _either(words: list[str]) -> str:
 
 def needs_edit_model() -> str:
     """What edit training needs, from the registry."""
-    takers = [f"{label(n)} (model.model_version = {n!r})" for n in edit_families()
-              if not any(family == n for family, _ in VERSIONS.values())]
-    takers += [f"{label(v)} ({v!r})" for v, (n, _) in VERSIONS.items() if n in edit_families()]
+    takers = []
+    for n in edit_families():  # a family, and the variants only the setting names in a file
+        named = [f"{label(v)} ({v!r})" for v, (f, _) in VERSIONS.items() if f == n]
+        takers.append(f"{label(n)} (model.model_version = {n!r})" +
+                      (f" with an edit model: its folder, or a file named {_either(named)}"
+                       if named else ""))
     if not takers:
         return "none of the model families here takes control images yet"
     return f"edit training needs {_either(takers)}"
