@@ -15,7 +15,8 @@ class SamplingSection(Section):
     sample_prompts: list[str] = setting(
         [], "Prompts of the sample images, one per line; a line may end in sd-scripts' "
         "options: --n negative prompt, --w / --h size, --d seed, --l guidance scale, --s "
-        "steps, --ss sampler.", widget="list",
+        "steps, --ss sampler; an edit model's --ci a control image's path (once per "
+        "control: FLUX.1 Kontext, Qwen-Image-Edit).", widget="list",
         label="Sample prompts",
     )
     sample_prompts_file: Optional[str] = setting(
