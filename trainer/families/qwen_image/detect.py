@@ -6,7 +6,7 @@ names are the diffusers names: ``txt_norm.weight``, ``img_in.weight`` [3072, 64]
 ``text_encoders.qwen25_7b.transformer.``). Qwen-Image-Edit-2511 carries the key
 ``__index_timestep_zero__`` (ComfyUI's marker for its zero-timestep reference tokens); Edit and
 2509 have the base model's keys (told apart by a folder's pipeline, for a file by
-``model.model_version``: single_file.file_variant). Torch-free but for the doctor's line."""
+``model.model_version``: single_file.file_variant). Torch-free."""
 
 from __future__ import annotations
 
@@ -73,19 +73,7 @@ class QwenFileInfo:
         if self.variant == "base":  # an Edit or 2509 file has these keys too
             lines.append("a Qwen-Image-Edit or -Edit-2509 file has these keys: set "
                          "model.model_version to 'qwen_image_edit' or 'qwen_image_edit_2509'")
-        if self.variant != "layered":
-            lines.append(processor_line())
         return lines
-
-
-def processor_line() -> str:
-    """The doctor's line on the image processor an edit model's text encoder reads."""
-    from trainer.families.common.qwen_processor import FETCH, in_cache
-
-    found = in_cache()
-    return (f"edit models' image processor: {found.where}" if found else
-            f"edit models' image processor: not in the Hugging Face cache, the shipped copy "
-            f"serves (`{FETCH}` fetches the model's own)")
 
 
 def from_folder(folder: Path, index: dict[str, Any]) -> Optional[str]:

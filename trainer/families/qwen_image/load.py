@@ -72,3 +72,16 @@ def load_file(path: Path, section: Any, *, dtype: Any = None, t5_frozen: bool = 
 
     return load_qwen_file(path, section, dtype=dtype, defer_denoiser=defer_denoiser,
                           store=fresh, text_frozen=t5_frozen)
+
+
+def doctor_lines(found: Any) -> list[str]:
+    """The doctor's line on a single file (``found``: its detection) beyond its parts: where
+    an edit model's Qwen2.5-VL image processor comes from (trainer/tools/model_report.py)."""
+    from trainer.families.common.qwen_processor import FETCH, in_cache
+
+    if found.layout != "single file" or found.header.variant == "layered":
+        return []
+    cached = in_cache()
+    return [f"edit models' image processor: {cached.where}" if cached else
+            f"edit models' image processor: not in the Hugging Face cache, the shipped copy "
+            f"serves (`{FETCH}` fetches the model's own)"]
