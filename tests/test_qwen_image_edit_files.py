@@ -131,6 +131,10 @@ def test_a_split_edit_run_trains_on_pairs(split, tmp_path):
     assert result.status == "finished", result.error
     assert seen == [("edit", 1)]
     assert any("(Qwen-Image-Edit, by model.model_version" in e.message for e in sink.of(Log))
+    from safetensors import safe_open
+
+    with safe_open(result.output_path, "pt") as f:  # musubi-tuner's architecture of Edit
+        assert f.metadata()["modelspec.architecture"] == "qwen-image-edit/lora"
 
 
 def test_the_processor_is_found_beside_the_file(split, tmp_path, empty_hf_cache):
