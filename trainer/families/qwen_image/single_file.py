@@ -204,8 +204,7 @@ def check_version(path: Path, section: Any, what: str) -> None:
     """model.model_version names Qwen-Image (or one of its variants) or nothing."""
     from trainer.families import version_family
 
-    if section.model_version not in ("auto", "qwen_image") and \
-            version_family(section.model_version) != "qwen_image":
+    if version_family(section.model_version) not in ("auto", "qwen_image"):
         raise ModelLoadError(f"{FIELD} = {str(path)!r}: model.model_version = "
                              f"{section.model_version!r}, but it holds {what}; set it to "
                              f"'auto' or 'qwen_image'")
