@@ -141,10 +141,15 @@ def test_the_model_versions_and_the_hints_come_from_the_registry():
     from typing import get_args
 
     from trainer.config import FAMILIES, ModelSection
+    from trainer.families import FAMILIES as REGISTRY
     from trainer.families import names
 
     assert FAMILIES == names()
-    assert get_args(ModelSection.model_fields["model_version"].annotation) == ("auto", *names())
+    # then the variants only the setting can name (a file with its family's base model's keys)
+    variants = tuple(v.version for s in REGISTRY.values() for v in s.variants if v.version)
+    assert "qwen_image_edit_2509" in variants
+    assert get_args(ModelSection.model_fields["model_version"].annotation) == \
+        ("auto", *names(), *variants)
     hints = {f"{s}.{n}": fams for s, n, _, fams in hinted()}
     assert hints["training.ip_noise_gamma"] == names(objective="ddpm")
     assert hints["flow.guidance_scale"] == names(objective="flow")

@@ -22,7 +22,8 @@ from trainer.families.spec import DetectionError, FamilySpec, Found, ModelLoadEr
 
 __all__ = ["FAMILIES", "LAST_RESORT", "DetectionError", "FamilySpec", "Found", "ModelLoadError",
            "detect_path", "embedded_family", "family", "family_of", "family_or_none",
-           "folder_family", "is_flow", "label", "names", "role", "spec"]
+           "folder_family", "is_flow", "label", "model_versions", "names", "role", "spec",
+           "version_family", "version_variant"]
 
 # The family folders, one line each; a single file is offered to each folder's detect role in
 # the order of _DETECTION (the transformer layouts first; the UNet families' detection, last,
@@ -31,6 +32,11 @@ __all__ = ["FAMILIES", "LAST_RESORT", "DetectionError", "FamilySpec", "Found", "
 # and FLUX.1's "Flux" would claim Flux2Transformer2DModel)
 _FOLDERS = (sd, sdxl, flux2, flux, sd3, chroma, qwen_image, zimage)
 FAMILIES: dict[str, FamilySpec] = {s.name: s for m in _FOLDERS for s in m.SPECS}
+# the values of model.model_version that name a variant rather than a family (Variant.version:
+# Qwen-Image-Edit's "qwen_image_edit", whose single file has Qwen-Image's keys) -> (family,
+# variant); every function here that takes a family name takes these too
+VERSIONS: dict[str, tuple[str, str]] = {v.version: (s.name, v.name) for s in FAMILIES.values()
+                                        for v in s.variants if v.version}
 # Chroma first (FLUX.1's layout, other blocks); FLUX.2 shares FLUX.1's double_blocks
 _DETECTION = ("chroma", "flux2", "flux", "sd3", "qwen_image", "zimage", "sd")
 # the family whose load role opens what detection cannot tell (a .ckpt, a folder of no known
@@ -39,11 +45,30 @@ LAST_RESORT = "sd1"  # sd's detection answers for SDXL too
 
 
 def spec(name: str) -> FamilySpec:
-    """The family named ``name`` (a value of ``model.model_version``)."""
+    """The family named ``name`` (a value of ``model.model_version``: a family, or a variant's
+    :data:`VERSIONS` name, whose family it is)."""
     try:
-        return FAMILIES[name]
+        return FAMILIES[version_family(name)]
     except KeyError:
         raise KeyError(f"unknown model family {name!r}; known: {', '.join(FAMILIES)}") from None
+
+
+def version_family(value: str) -> str:
+    """The family a value of ``model.model_version`` names (``qwen_image_edit`` ->
+    ``qwen_image``); a family's name, ``auto`` or an unknown value as it is."""
+    return VERSIONS[value][0] if value in VERSIONS else value
+
+
+def version_variant(value: str) -> Optional[str]:
+    """The variant a value of ``model.model_version`` names (``qwen_image_edit`` -> ``edit``);
+    None for a family's name or ``auto``: the model tells its own."""
+    return VERSIONS[value][1] if value in VERSIONS else None
+
+
+def model_versions() -> tuple[str, ...]:
+    """Every value of ``model.model_version`` but ``auto``: the families, then the variants
+    that only the setting can name."""
+    return names() + tuple(VERSIONS)
 
 
 def names(objective: Optional[str] = None, denoiser: Optional[str] = None) -> tuple[str, ...]:
@@ -54,11 +79,16 @@ def names(objective: Optional[str] = None, denoiser: Optional[str] = None) -> tu
 
 
 def label(name: str) -> str:
+    """What people read for a family, or for a variant's :data:`VERSIONS` name its variant's
+    label (``Qwen-Image-Edit-2509``)."""
+    if name in VERSIONS:
+        return spec(name).variant(VERSIONS[name][1]).label
     return spec(name).label
 
 
 def is_flow(name: Optional[str]) -> bool:
     """Whether ``name`` is a family that trains with flow matching."""
+    name = version_family(name) if name else name
     return name in FAMILIES and FAMILIES[name].objective == "flow"
 
 

@@ -25,12 +25,16 @@ class DetectionError(ModelLoadError):
 class Variant:
     """One release of a family: ``name`` as sd-scripts' metadata names it (``dev``,
     ``5-large``), its label, its shipped configs (a folder of ``trainer/assets/families``) and
-    its T5 length where it has T5."""
+    its T5 length where it has T5. ``version``: the value of ``model.model_version`` that names
+    this variant, for a release whose single file has its family's base model's keys (a
+    Qwen-Image-Edit file has Qwen-Image's: ``qwen_image_edit`` says which, as ``flux1_kontext``
+    says it of a FLUX.1 Kontext file); empty: the file or the folder tells it."""
 
     name: str
     label: str
     asset: str
     t5_length: Optional[int] = None
+    version: str = ""
 
 
 @dataclass(frozen=True)

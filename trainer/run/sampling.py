@@ -4,7 +4,9 @@
 StableDiffusionXLPipeline, FluxPipeline or StableDiffusion3Pipeline) around the modules being
 trained. The SD families sample with the sampler the config names on the training noise
 schedule (so a zero-terminal-SNR run samples on the same schedule); the flow families with
-their own flow-matching Euler scheduler; class-image generation uses it too.
+their own flow-matching Euler scheduler; class-image generation uses it too. A family may draw
+a prompt through another pipeline of its own (``sample_pipeline``: Qwen-Image-Edit's edit
+pipelines for a prompt with a control image).
 """
 
 from __future__ import annotations
@@ -61,8 +63,9 @@ def make_samples(model: Any, cfg: TrainConfig, step: int, accelerator: Any) -> l
     model.denoiser.eval()
     try:
         for i, spec in enumerate(sample_prompts(cfg)):
+            drawer, args = _drawer(model, pipe, _call_args(model, cfg, pipe, spec, i))
             with torch.no_grad(), accelerator.autocast():
-                image = pipe(**_call_args(model, cfg, pipe, spec, i)).images[0]
+                image = drawer(**args).images[0]
             path = out_dir / f"{cfg.saving.output_name}_{step:06d}_{i:02d}.png"
             if accelerator.is_main_process:  # FSDP: every process samples, rank 0 writes
                 image.save(path)
@@ -95,6 +98,16 @@ def _call_args(model: Any, cfg: TrainConfig, pipe: Any, spec: Any, i: int) -> di
     args.update(_control_args(model, spec))
     own = getattr(family_of(model), "sample_arguments", None)  # its pipeline's own names
     return own(args) if own is not None else args
+
+
+def _drawer(model: Any, pipe: Any, args: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """The pipeline that draws a prompt with ``args``: ``pipe``, unless the family picks
+    another for them (its ``sample_pipeline``: Qwen-Image-Edit's edit pipelines for a prompt
+    with a control, which its text-to-image pipeline cannot read)."""
+    from trainer.families import family_of
+
+    own = getattr(family_of(model), "sample_pipeline", None)
+    return own(model, pipe, args) if own is not None else (pipe, args)
 
 
 def _control_args(model: Any, spec: Any) -> dict[str, Any]:

@@ -14,7 +14,8 @@ mismatches people hit most, each as a sentence plus what to do:
 Last, per family, whether a single checkpoint file loads offline: its CLIP tokenizer in the
 Hugging Face cache, or the command that fetches it (:mod:`trainer.models.tokenizers`); for
 FLUX.1 and SD 3.x each of their tokenizers (CLIP-L, CLIP-G, T5's:
-:mod:`trainer.families.common.mmdit_tokenizers`).
+:mod:`trainer.families.common.mmdit_tokenizers`), the Qwen ones and Qwen-Image-Edit's image
+processor (:mod:`trainer.families.common.qwen_processor`).
 
 Every look at the system goes through :class:`~trainer.system.probes.Probes`, so tests can
 simulate each machine.
@@ -243,11 +244,11 @@ def build_report(probes: Optional[Probes] = None, torch_module: Any = None) -> R
     matmul = run_matmul(info, torch_module)
     facts = gather_facts(probes or Probes())
     from trainer.families.common import mmdit_tokenizers as flow_tokenizers
-    from trainer.families.common import qwen_tokenizers
+    from trainer.families.common import qwen_processor, qwen_tokenizers
     from trainer.models import tokenizers
 
     models = (tokenizers.cache_report() + flow_tokenizers.cache_report()
-              + qwen_tokenizers.cache_report())
+              + qwen_tokenizers.cache_report() + qwen_processor.cache_report())
     return Report(info, matmul, facts, tuple(diagnose(info, matmul, facts)), tuple(models))
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 def model_lines(path: str) -> list[str]:
     """Plain-text lines in the doctor's layout."""
-    from trainer.families import detect_path
+    from trainer.families import detect_path, role
     from trainer.families.spec import ModelLoadError
 
     head = f"  {'Model':<20}"
@@ -26,6 +26,9 @@ def model_lines(path: str) -> list[str]:
     if found.flow is not None:
         own = getattr(found.flow, "part_lines", None)  # a family whose file facts say it
         lines += [f"  {'':<20}{line}" for line in own()] if own else _parts(found.flow)
+    more = getattr(role(found.family, "load"), "doctor_lines", None)  # e.g. a processor
+    if more is not None:
+        lines += [f"  {'':<20}{line}" for line in more(found)]
     return lines
 
 

@@ -8,7 +8,7 @@ registry, so that a family that declares controls is named without an edit to th
 
 from __future__ import annotations
 
-from trainer.families import FAMILIES, label, spec
+from trainer.families import FAMILIES, VERSIONS, label, spec
 
 
 def edit_families() -> tuple[str, ...]:
@@ -22,7 +22,12 @@ def _either(words: list[str]) -> str:
 
 def needs_edit_model() -> str:
     """What edit training needs, from the registry."""
-    takers = [f"{label(n)} (model.model_version = {n!r})" for n in edit_families()]
+    takers = []
+    for n in edit_families():  # a family, and the variants only the setting names in a file
+        named = [f"{label(v)} ({v!r})" for v, (f, _) in VERSIONS.items() if f == n]
+        takers.append(f"{label(n)} (model.model_version = {n!r})" +
+                      (f" with an edit model: its folder, or a file named {_either(named)}"
+                       if named else ""))
     if not takers:
         return "none of the model families here takes control images yet"
     return f"edit training needs {_either(takers)}"

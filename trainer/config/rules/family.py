@@ -18,7 +18,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any, Optional
 
-from trainer.families import embedded_family, label, names, role, spec
+from trainer.families import embedded_family, label, names, role, spec, version_family
 
 # what the messages call an objective's options, and how a family of it trains
 OPTIONS = {"ddpm": "a DDPM option", "flow": "a flow-matching option"}
@@ -36,9 +36,10 @@ INSTEAD = {"model.prediction_type": "flow.model_prediction_type"}
 
 
 def known_family(cfg: Any) -> Optional[str]:
-    """The family the config names (model_version, or an embedded model); None for auto."""
+    """The family the config names (model_version, or an embedded model); None for auto. A
+    variant's name (``qwen_image_edit``) names its family (``qwen_image``)."""
     if cfg.model.model_version != "auto":
-        return cfg.model.model_version
+        return version_family(cfg.model.model_version)
     return embedded_family(cfg.model.pretrained_model_name_or_path)
 
 

@@ -97,7 +97,9 @@ def trained_rates(cfg: Any) -> dict[str, float]:
     te = opt.text_encoder_lr or opt.learning_rate
     parts = {"unet": (net.train_unet, opt.unet_lr or opt.learning_rate),
              "text encoder": (net.train_text_encoder, te)}
-    version = cfg.model.model_version
+    from trainer.families import version_family
+
+    version = version_family(cfg.model.model_version)
     if version != "auto" and _reads(version, "optimizer.text_encoder_2_lr"):
         second = net.train_text_encoder if net.train_text_encoder_2 is None \
             else net.train_text_encoder_2

@@ -8,16 +8,17 @@ from trainer.config.sections.base import (
     CLIP_L_FILE,
     DDPM,
     EMBEDDED_MODEL,
-    FAMILIES,
     FLOW,
     T5,
     Section,
     setting,
 )
 from trainer.config.sections.flow import FLOW_MODES
+from trainer.families import model_versions
 
-# "auto" or a family of the registry
-ModelVersion = Literal[("auto", *FAMILIES)]  # type: ignore[valid-type]
+# "auto", a family of the registry, or a variant that only the setting can name
+# (trainer.families.VERSIONS: qwen_image_edit, ...)
+ModelVersion = Literal[("auto", *model_versions())]  # type: ignore[valid-type]
 
 
 class ModelSection(Section):
@@ -33,7 +34,9 @@ class ModelSection(Section):
         "auto", "Architecture of the base model; auto reads it from the model's configs "
         "(flux1: FLUX.1 dev or schnell; sd3: SD 3 and 3.5). flux1_kontext: FLUX.1 Kontext "
         "[dev], whose single file has FLUX.1-dev's keys: set it for flux1-kontext-dev."
-        "safetensors (a diffusers folder names itself).",
+        "safetensors; qwen_image_edit / qwen_image_edit_2509: Qwen-Image-Edit / -Edit-2509, "
+        "whose single files (qwen_image_edit_*.safetensors) have Qwen-Image's keys (a "
+        "diffusers folder, and a 2511 file, name themselves).",
         advanced=True,
         label="Model family",
     )

@@ -16,7 +16,8 @@ class SamplingSection(Section):
         [], "Prompts of the sample images, one per line; a line may end in sd-scripts' "
         "options: --n negative prompt, --w / --h size, --d seed, --l guidance scale, --s "
         "steps, --ss sampler, and for an edit model --ci a control image's path (once per "
-        "reference; shown beside the sample).", widget="list",
+        "control: FLUX.1 Kontext, Qwen-Image-Edit, FLUX.2; shown beside the sample).",
+        widget="list",
         label="Sample prompts",
     )
     sample_prompts_file: Optional[str] = setting(

@@ -117,14 +117,37 @@ class QwenImageFamily:
         return QwenImagePipeline._unpack_latents(out[:, :tokens], h, w, 1)[:, :, 0]
 
     def pipeline(self, model: Any, denoiser: Any, scheduler: Any) -> Any:
-        """The samples' pipeline: ``QwenImagePipeline``, for the edit variants too (a sample
-        prompt names no control image yet, and the edit pipelines need one: an edit model's
-        samples are drawn from the prompt alone)."""
+        """The model's ``QwenImagePipeline`` (its folder's, and the samples' of a prompt alone;
+        an edit variant's prompt with control images draws through :meth:`sample_pipeline`)."""
         from diffusers import QwenImagePipeline
 
         return QwenImagePipeline(scheduler=scheduler, vae=model.vae,
                                  text_encoder=model.text_encoder, tokenizer=model.tokenizer,
                                  transformer=denoiser)
+
+    def sample_pipeline(self, model: Any, pipe: Any, args: dict[str, Any]
+                        ) -> tuple[Any, dict[str, Any]]:
+        """The pipeline and arguments that draw one sample. An edit variant's prompt with
+        control images (``--ci``) goes to the variant's diffusers pipeline over ``pipe``'s
+        modules and the model's processor, as diffusers draws it: ``QwenImageEditPipeline``
+        with one image (Edit takes one), ``QwenImageEditPlusPipeline`` with up to three (2509,
+        2511). A prompt without one (both edit pipelines need an image) and a model that takes
+        none draw from the prompt alone through ``pipe`` (a control it cannot read is ignored,
+        as the sample prompts ignore an option a family does not read)."""
+        import diffusers
+
+        from trainer.families.qwen_image.edit import MAX_CONTROLS, PIPELINES
+
+        args = dict(args)
+        images = args.pop("image", None)
+        most = MAX_CONTROLS.get(getattr(model, "variant", "base"), 0)
+        if not images or most == 0:
+            return pipe, args
+        images = images if isinstance(images, list) else [images]
+        edit = getattr(diffusers, PIPELINES[model.variant])(processor=model.processor,
+                                                            **pipe.components)
+        edit.set_progress_bar_config(disable=True)
+        return edit, {**args, "image": images[0] if most == 1 else images[:most]}
 
     def sample_arguments(self, args: dict[str, Any]) -> dict[str, Any]:
         """The samples' guidance is the pipeline's true CFG (``true_cfg_scale``, with a

@@ -5,7 +5,8 @@ names are the diffusers names: ``txt_norm.weight``, ``img_in.weight`` [3072, 64]
 ``model.diffusion_model.`` (ComfyUI's all-in-one checkpoints, with ``vae.`` and
 ``text_encoders.qwen25_7b.transformer.``). Qwen-Image-Edit-2511 carries the key
 ``__index_timestep_zero__`` (ComfyUI's marker for its zero-timestep reference tokens); Edit and
-2509 have the base model's keys (told apart only by the folder's pipeline). Torch-free."""
+2509 have the base model's keys (told apart by a folder's pipeline, for a file by
+``model.model_version``: single_file.file_variant). Torch-free."""
 
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ class QwenFileInfo:
 
     @property
     def trainable(self) -> bool:
-        return self.variant in ("base", "edit-2511")  # Edit and 2509 files read as "base"
+        return self.variant != "layered"
 
     def part_lines(self) -> list[str]:
         """The doctor's lines: what the file holds, the settings that name the rest."""
@@ -69,6 +70,9 @@ class QwenFileInfo:
                 lines.append(f"set {setting} to {name} (Comfy-Org/Qwen-Image_ComfyUI)")
         if not self.trainable:
             lines.append(f"{self.label} does not train yet")
+        if self.variant == "base":  # an Edit or 2509 file has these keys too
+            lines.append("a Qwen-Image-Edit or -Edit-2509 file has these keys: set "
+                         "model.model_version to 'qwen_image_edit' or 'qwen_image_edit_2509'")
         return lines
 
 

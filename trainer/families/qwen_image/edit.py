@@ -72,8 +72,8 @@ def control_problem(variant: str, label: str, count: int) -> Optional[str]:
     if most == 0 and count:
         return (f"dataset.control_dir: {label} is not an edit model (it takes no control "
                 f"images); load Qwen-Image-Edit, -2509 or -2511, or unset it (an Edit or "
-                f"2509 single file reads as Qwen-Image: its keys are the base model's; use "
-                f"its diffusers folder)")
+                f"2509 single file has Qwen-Image's keys: set model.model_version to "
+                f"'qwen_image_edit' or 'qwen_image_edit_2509')")
     if most and not count:
         return (f"{label} edits an image: each training image needs its control image (set "
                 f"dataset.control_dir to a folder of them, named like the training images)")
@@ -104,15 +104,22 @@ def edit_processor(tokenizer: Any, image_processor: Any) -> Any:
     return ImageProcessor(image_processor=image_processor, tokenizer=tokenizer)
 
 
-def load_processor(folder: Path, tokenizer: Any) -> Any:
-    """The processor of an edit pipeline's folder (``processor/preprocessor_config.json``),
-    over the pipeline's tokenizer."""
+def load_processor(folder: Path, tokenizer: Any, where: str = "") -> Any:
+    """The processor whose image part is in ``folder`` (its ``preprocessor_config.json``: an
+    edit pipeline folder's ``processor/``), over the pipeline's tokenizer; ``where`` names
+    the folder's origin in the error of one that does not read."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
         Qwen2VLImageProcessorPil,
     )
 
-    return edit_processor(tokenizer, Qwen2VLImageProcessorPil.from_pretrained(
-        str(folder / "processor"), local_files_only=True))
+    from trainer.families.spec import ModelLoadError
+
+    try:
+        image = Qwen2VLImageProcessorPil.from_pretrained(str(folder), local_files_only=True)
+    except (OSError, ValueError, TypeError) as exc:
+        raise ModelLoadError(f"cannot read the Qwen2.5-VL image processor in {folder}"
+                             f"{f' ({where})' if where else ''}: {exc}") from None
+    return edit_processor(tokenizer, image)
 
 
 def to_pil(pixels: torch.Tensor) -> Any:

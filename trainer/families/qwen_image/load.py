@@ -2,9 +2,10 @@
 diffusers' own ``from_pretrained``), or the split files as ComfyUI users download them
 (:mod:`trainer.families.qwen_image.single_file`). Each function returns the fields of
 :class:`trainer.models.loader.BaseModel`. An edit variant's folder (Edit, 2509, 2511) loads with
-its processor (:mod:`trainer.families.qwen_image.edit`); a 2511 single file with the shipped
-processor (ComfyUI's files hold none); Edit and 2509 files have the base model's keys, so they
-load as Qwen-Image (ComfyUI tells them apart by the workflow, not the file)."""
+its processor (:mod:`trainer.families.qwen_image.edit`); a single file with the processor
+looked up as its tokenizer is (ComfyUI's files hold none); Edit and 2509 files have the base
+model's keys, so ``model.model_version`` names them (ComfyUI tells them apart by the workflow,
+not the file)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from trainer.families import version_variant
 from trainer.families.qwen_image.detect import LABELS, folder_variant
 from trainer.families.qwen_image.edit import PIPELINES, is_edit, load_processor
 from trainer.families.qwen_image.single_file import check_version, refuse_variant
@@ -29,6 +31,12 @@ def load_folder(path: Path, section: Any, name: str = "qwen_image") -> dict[str,
     config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
     variant = folder_variant(index, config)
     check_version(path, section, f"a {LABELS[variant]} pipeline")
+    named = version_variant(section.model_version)
+    if named not in (None, variant):
+        raise ModelLoadError(f"{FIELD} = {str(path)!r}: model.model_version = "
+                             f"{section.model_version!r} ({LABELS[named]}), but the folder "
+                             f"holds a {LABELS[variant]} pipeline; set it to 'auto' or "
+                             f"'qwen_image'")
     if not is_edit(variant):
         refuse_variant(path, variant)
     if section.vae:
@@ -53,7 +61,8 @@ def _processor(path: Path, variant: str) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(path / "tokenizer"), local_files_only=True)
-    return {"tokenizer": tokenizer, "processor": load_processor(path, tokenizer)}
+    return {"tokenizer": tokenizer,
+            "processor": load_processor(path / "processor", tokenizer, str(path))}
 
 
 def load_file(path: Path, section: Any, *, dtype: Any = None, t5_frozen: bool = False,
@@ -63,3 +72,16 @@ def load_file(path: Path, section: Any, *, dtype: Any = None, t5_frozen: bool = 
 
     return load_qwen_file(path, section, dtype=dtype, defer_denoiser=defer_denoiser,
                           store=fresh, text_frozen=t5_frozen)
+
+
+def doctor_lines(found: Any) -> list[str]:
+    """The doctor's line on a single file (``found``: its detection) beyond its parts: where
+    an edit model's Qwen2.5-VL image processor comes from (trainer/tools/model_report.py)."""
+    from trainer.families.common.qwen_processor import FETCH, in_cache
+
+    if found.layout != "single file" or found.header.variant == "layered":
+        return []
+    cached = in_cache()
+    return [f"edit models' image processor: {cached.where}" if cached else
+            f"edit models' image processor: not in the Hugging Face cache, the shipped copy "
+            f"serves (`{FETCH}` fetches the model's own)"]

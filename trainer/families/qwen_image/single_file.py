@@ -67,8 +67,9 @@ def _transformer_root(info: QwenFileInfo, config_dir: Optional[str], path: Path)
 
 
 def build_transformer(path: Path, info: QwenFileInfo, root: Path, dtype: torch.dtype,
-                      fp8: bool = False) -> Any:
-    """The transformer, streamed from the file (see the module's notes)."""
+                      fp8: bool = False, variant: Optional[str] = None) -> Any:
+    """The transformer, streamed from the file (see the module's notes) as ``variant`` (the
+    header's unless model.model_version names one)."""
     from diffusers import QwenImageTransformer2DModel
 
     from trainer.families.common.comfy_quant import ComfyQuantReader
@@ -80,7 +81,7 @@ def build_transformer(path: Path, info: QwenFileInfo, root: Path, dtype: torch.d
             and not (not info.prefix and k.startswith((VAE, TEXT)))
             and k != info.prefix + EDIT_2511]  # ComfyUI's marker, no weight
     # 2511 gives its reference tokens the zero timestep (diffusers' zero_cond_t)
-    extra = {"zero_cond_t": True} if info.variant == "edit-2511" else {}
+    extra = {"zero_cond_t": True} if (variant or info.variant) == "edit-2511" else {}
     where = f"{FIELD} = {str(path)!r}"
     storage = fp8_storage(dtype) if fp8 else None
 
@@ -178,31 +179,63 @@ def build_text_encoder(weights: Weights, root: Path, dtype: torch.dtype,
 
 
 def refuse_variant(path: Path, variant: str) -> None:
-    """A clear refusal of the variants that do not train from a file (Layered)."""
-    if variant not in ("base", "edit-2511"):
+    """A clear refusal of the variants that do not train (Layered)."""
+    if variant == "layered":
         raise ModelLoadError(f"{FIELD} = {str(path)!r} is {LABELS[variant]}: training the "
                              f"Qwen-Image layered variant is not supported yet; use "
                              f"Qwen-Image, Qwen-Image-2512 or an edit model")
 
 
-def processor_fields(variant: str, config_dir: Optional[str], tokenizer: Any) -> dict[str, Any]:
-    """An edit file's processor (none ships in a ComfyUI file): ``model.config_dir``'s
-    ``processor/``, else the shipped one (Qwen2.5-VL-7B-Instruct's image processor)."""
+def processor_fields(variant: str, section: Any, tokenizer: Any,
+                     files: list[Path]) -> dict[str, Any]:
+    """An edit file's processor (none ships in a ComfyUI file), looked up as its tokenizer is
+    (:mod:`trainer.families.common.qwen_processor`: the settings, beside ``files``, the
+    Hugging Face cache, else the shipped copy)."""
+    from trainer.families.common.qwen_processor import locate
     from trainer.families.qwen_image.edit import is_edit, load_processor
 
     if not is_edit(variant):
         return {}
-    root = Path(config_dir).expanduser() if config_dir else SHIPPED
-    if not (root / "processor" / "preprocessor_config.json").is_file():
-        root = SHIPPED
-    return {"processor": load_processor(root, tokenizer)}
+    found = locate(section.tokenizer, section.config_dir, files)
+    return {"processor": load_processor(found.folder, tokenizer, found.where)}
 
 
 def check_version(path: Path, section: Any, what: str) -> None:
-    if section.model_version not in ("auto", "qwen_image"):
+    """model.model_version names Qwen-Image (or one of its variants) or nothing."""
+    from trainer.families import version_family
+
+    if version_family(section.model_version) not in ("auto", "qwen_image"):
         raise ModelLoadError(f"{FIELD} = {str(path)!r}: model.model_version = "
                              f"{section.model_version!r}, but it holds {what}; set it to "
                              f"'auto' or 'qwen_image'")
+
+
+def file_variant(path: Path, section: Any, info: QwenFileInfo) -> str:
+    """The variant a single file loads as: the header's, or the edit variant that
+    model.model_version names for a file with Qwen-Image's keys (Edit and 2509 files have the
+    base model's; a 2511 file says so itself)."""
+    from trainer.families import version_variant
+
+    check_version(path, section, info.description)
+    named = version_variant(section.model_version)
+    if named is None or named == info.variant:
+        return info.variant
+    if info.variant == "base" and named != "edit-2511":
+        return named
+    why = (f"a Qwen-Image-Edit-2511 file carries ComfyUI's {EDIT_2511} key, and this one has "
+           f"none: it is Qwen-Image, -Edit or -Edit-2509; set it to 'qwen_image_edit' or "
+           f"'qwen_image_edit_2509', or 'auto'" if info.variant == "base" else
+           "set it to 'auto' or 'qwen_image'")
+    raise ModelLoadError(f"{FIELD} = {str(path)!r}: model.model_version = "
+                         f"{section.model_version!r} ({LABELS[named]}), but the file is "
+                         f"{info.description}; {why}")
+
+
+def described(variant: str, info: QwenFileInfo) -> str:
+    """The log's description of a file loaded as ``variant`` (the header's facts)."""
+    if variant == info.variant:
+        return info.description
+    return f"{LABELS[variant]}, by model.model_version ({info.description})"
 
 
 def _source(part: str, info: QwenFileInfo, main: Weights, section: Any) -> Weights:
@@ -237,8 +270,12 @@ def load_qwen_file(path: Path, section: Any, *, dtype: Any = None, defer_denoise
     from trainer.families.qwen_image.tiny import scheduler
 
     info = file_info(path)
-    check_version(path, section, info.description)
-    refuse_variant(path, info.variant)
+    variant = file_variant(path, section, info)
+    refuse_variant(path, variant)
+    if not store and variant != "base":  # its copy would be written as Qwen-Image's pipeline
+        raise ModelLoadError(f"model.cache_as_diffusers: no diffusers copy of "
+                             f"{LABELS[variant]} is kept yet; unset it (the files load as "
+                             f"they are)")
     dtype = dtype or torch.float32
     root = _transformer_root(info, section.config_dir, path)
     fp8 = store and section.base_precision == "fp8"
@@ -250,14 +287,15 @@ def load_qwen_file(path: Path, section: Any, *, dtype: Any = None, defer_denoise
                                  fp8=store and section.fp8_text_encoders and text_frozen)
 
     def later(build_dtype: torch.dtype) -> Any:
-        return build_transformer(path, info, root, build_dtype, fp8)
+        return build_transformer(path, info, root, build_dtype, fp8, variant)
 
     tokenizer = load_qwen_tokenizer("qwen25vl", section.tokenizer,
                                     [p for p in (section.text_encoder, path) if p])
     return dict(denoiser=None if defer_denoiser else later(dtype),
                 build_denoiser=later if defer_denoiser else None, vae=vae,
                 text_encoder=encoder, tokenizer=tokenizer,
-                **processor_fields(info.variant, section.config_dir, tokenizer),
-                noise_scheduler=scheduler(), version="qwen_image", variant=info.variant,
+                **processor_fields(variant, section, tokenizer,
+                                   [p for p in (path, section.text_encoder) if p]),
+                noise_scheduler=scheduler(), version="qwen_image", variant=variant,
                 prediction_type="flow", source=str(path), name=path.stem,
-                description=info.description)
+                description=described(variant, info))
