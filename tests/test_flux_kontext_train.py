@@ -217,3 +217,6 @@ def test_the_tiny_kontext_preset_trains_on_the_sample_pairs_and_samples_with_a_r
     assert sample.controls == ((str(control),), ())  # the GUI draws the first beside it
     with_ref, without = (Image.open(p).convert("RGB") for p in sample.paths)
     assert with_ref.tobytes() != without.tobytes()
+    # at the size asked (the preset's resolution; --w / --h), not FluxKontextPipeline's
+    # default area of 1024 x 1024
+    assert with_ref.size == without.size == (raw["dataset"]["resolution"],) * 2

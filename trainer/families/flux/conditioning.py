@@ -123,6 +123,11 @@ class KontextFamily(FluxFamily):
         sees the target's tokens only."""
         return self._call(model, noisy, t, text, cfg, denoiser, list(controls or []))
 
+    def sample_arguments(self, args: dict[str, Any]) -> dict[str, Any]:
+        """A sample at the size asked (--w / --h, else the dataset's): FluxKontextPipeline
+        scales its output to ``max_area`` (1024 x 1024 unless told) at the asked aspect."""
+        return {**args, "max_area": args["width"] * args["height"]}
+
     def pipeline(self, model: Any, denoiser: Any, scheduler: Any) -> Any:
         from diffusers import FluxKontextPipeline
 
