@@ -22,16 +22,16 @@ lr 1e-4 constant, no warm-up, batch 1, 256 px (one square size, no buckets), ``-
 steps, seed 42, fp32 (``--mixed_precision no`` / ``training.mixed_precision = "no"``), one
 caption for every image (the example's ``--instance_prompt``). Each tool caches what it caches
 by default: the example encodes the prompt once and runs the VAE at every step (no
-``--cache_latents``); the studio caches the text and the latents (encoded as epoch 1 reaches
-each image). Their targets differ where neither can be told to match: the example trains the
+``--cache_latents``; ``--df-args --cache_latents`` measures it with its latent cache); the
+studio caches the text and the latents, both before the transformer is built (a text-first
+run: trainer/run/text_first.py, trainer/run/caches.py), so its steps are training steps only
+and the VAE's encode (0.27 TFLOP per image at 256 px, more than the depth-1 transformer's
+forward, 0.20) is in its start -> step 1. Their targets differ where neither can be told to match: the example trains the
 attention (to_q, to_k, to_v, to_out.0) of every block, refiners included; the studio its
 family's (musubi-tuner's: attention and SwiGLU of the main layers), so its backward pass stops
 at the main layers, where the example's goes on through the refiners: at the bench's depth
 (one main layer, two refiners) that is a large share of a step, at the real depth (30 and 4)
-a small one. Both encode each image with the VAE at every step of the bench's 5 (the studio's
-latent cache fills as epoch 1 reaches each of the 6 images): the FLUX.1 autoencoder's encoder
-at 256 px is 0.27 TFLOP, more than the transformer's forward at the default depth (0.20), and
-the same in both, so it bounds how far apart the two steps can be. ``--studio-root`` runs
+a small one. ``--studio-root`` runs
 another checkout's trainer/ (e.g. a fix, against the same example figures).
 
 ``--reps`` rounds, the tools alternated, one run at a time, each started once the 1-minute load

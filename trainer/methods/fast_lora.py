@@ -8,8 +8,8 @@ gives each plain LoRA layer a forward that computes the same operations, in the 
 peft's (``base(x) + B(A(x)) * scale``, without the product when the scale is 1, so results
 are bit-identical), and falls back to peft's own forward whenever the layer is in any other
 state (adapters disabled or merged, extra arguments). A base layer with forward hooks (fp8
-storage, trainer/models/memory.py) or its own forward (narrow storage) is called as a module.
-The modules, parameter names and saved files are peft's, unchanged.
+storage, trainer/models/memory.py) is called as a module, so that its hooks run. The modules,
+parameter names and saved files are peft's, unchanged.
 """
 
 from __future__ import annotations
@@ -35,9 +35,8 @@ def _forward(self: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Ten
             or self.active_adapters != self._lean_adapter:
         return self._peft_forward(x, *args, **kwargs)
     base = self.base_layer
-    # a hooked base layer (fp8 storage computes from a copy in its hooks) or one with its own
-    # forward (narrow storage, trainer/models/narrow_storage.py) is called as a module
-    if type(base) is nn.Linear and not base._forward_pre_hooks and "forward" not in vars(base):
+    # a hooked base layer (fp8 storage computes from a copy in its hooks) is called as a module
+    if type(base) is nn.Linear and not base._forward_pre_hooks:
         result = F.linear(x, base.weight, base.bias)
     else:
         result = base(x)

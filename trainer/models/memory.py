@@ -281,18 +281,7 @@ class MemoryPlan:
                 f"(bitsandbytes){how}, the adapters in full precision")
 
     def finish(self, log: Callable[[str], None]) -> None:
-        """After the adapters exist: fp8 storage, or the narrow storage of an fp32 run's bf16
-        / fp16 weights (trainer/models/narrow_storage.py), then the held modules to the
-        device."""
-        if self.base == "full" and self.dtype == torch.float32 \
-                and self.cfg.training.distributed != "fsdp":  # FSDP shards flat fp32 params
-            from trainer.models.narrow_storage import store_narrow
-
-            count, freed = store_narrow(self.model.denoiser)
-            if count:
-                log(f"Base weights: {count} frozen Linear layers of the denoiser hold bf16 / fp16 "
-                    f"values (the checkpoint's): kept in that dtype and widened to fp32 layer by "
-                    f"layer, the same numbers in {freed / 2**30:.2f} GiB less")
+        """After the adapters exist: fp8 storage, then the held modules to the device."""
         if self.base == "fp8":
             store_fp8(self.model.denoiser, self.dtype)
             log("Base weights: the denoiser's frozen Linear and Conv layers stored in fp8, "
