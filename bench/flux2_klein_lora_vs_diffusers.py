@@ -25,8 +25,9 @@ studio's (musubi-tuner's: every Linear of the double and single blocks, image an
 attention and MLP), given to the example as ``--lora_layers`` (its default trains the
 attention of the image stream and the single blocks only). Each tool caches what it caches by
 default: the example encodes the prompt once and runs the VAE at every step (no
-``--cache_latents``); the studio caches the text and the latents (encoded as epoch 1 reaches
-each image).
+``--cache_latents``; ``--df-args=--cache_latents`` measures it with its latent cache); the
+studio caches the text and the latents, both before its transformer is built (a text-first
+run: trainer/run/text_first.py, trainer/run/caches.py), so its steps are training steps only.
 
 Rounds, load wait and the measures are bench/vs_example.py's: ``--reps`` rounds, the tools
 alternated, one run at a time, each started once the 1-minute load average is under
