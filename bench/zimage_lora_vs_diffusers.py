@@ -26,8 +26,9 @@ by default: the example encodes the prompt once and runs the VAE at every step (
 studio caches the text and the latents, both before the transformer is built (a text-first
 run: trainer/run/text_first.py, trainer/run/caches.py), so its steps are training steps only
 and the VAE's encode (0.27 TFLOP per image at 256 px, more than the depth-1 transformer's
-forward, 0.20) is in its start -> step 1. Their targets differ where neither can be told to match: the example trains the
-attention (to_q, to_k, to_v, to_out.0) of every block, refiners included; the studio its
+forward, 0.20) is in its start -> step 1. Their targets differ where neither can be told to
+match: the example trains the attention (to_q, to_k, to_v, to_out.0) of every block, refiners
+included; the studio its
 family's (musubi-tuner's: attention and SwiGLU of the main layers), so its backward pass stops
 at the main layers, where the example's goes on through the refiners: at the bench's depth
 (one main layer, two refiners) that is a large share of a step, at the real depth (30 and 4)

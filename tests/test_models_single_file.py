@@ -16,16 +16,16 @@ from safetensors.torch import save_file
 from train_helpers import randomize
 
 from trainer.config import ModelSection
-from trainer.families.sd.checkpoint import ldm_state_dict, save_checkpoint
 from trainer.families.sd import single_file
-from trainer.models.loader import ModelLoadError, load_base_model
-from trainer.models.streamed_load import SafetensorsReader
+from trainer.families.sd.checkpoint import ldm_state_dict, save_checkpoint
 from trainer.families.sd.tiny import (
     build_components,
     build_sd2_components,
     build_sdxl_components,
     save_tiny_model,
 )
+from trainer.models.loader import ModelLoadError, load_base_model
+from trainer.models.streamed_load import SafetensorsReader
 
 BUILDERS = {"sd1": build_components, "sd2": build_sd2_components, "sdxl": build_sdxl_components}
 MODULES = ("unet", "vae", "text_encoder", "text_encoder_2")
