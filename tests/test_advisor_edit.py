@@ -11,26 +11,21 @@ import sys
 
 import pytest
 import torch
+from advisor_helpers import assert_cheapest_fit, card
 from PIL import Image
 
 from trainer.advisor import flow_memory as fm
-from trainer.advisor.advice import FITS_BELOW, GIB
+from trainer.advisor.advice import GIB
 from trainer.advisor.edit_sequence import edit_sequence, sequence_size
-from trainer.advisor.flow_advice import cheapest_fit, flow_transformer_config
 from trainer.advisor.flow_sizes import step_bytes, text_tokens
 from trainer.config import files as config_io
 from trainer.config.files import from_dict
 from trainer.config.paths import PROJECT_ROOT
-from trainer.system.device import DeviceInfo
 
 sys.path.insert(0, str(PROJECT_ROOT / "bench"))
 pytestmark = pytest.mark.usefixtures("no_network")
 SIDE = 64  # the tiny twins' bucket (pixels)
 PX = 512  # a real-size model's step at this side (its tokens dominate the step)
-
-
-def card(gb: int) -> DeviceInfo:
-    return DeviceInfo("cuda", "NVIDIA GeForce RTX", "cuda:0", gb * GIB, True, True, "2.13")
 
 
 def pairs(root, controls: int = 1, side: int = SIDE):
@@ -302,16 +297,4 @@ def test_each_edit_preset_is_the_cheapest_combination_that_fits_its_card(folders
         f'model.pretrained_model_name_or_path="{models[model]}"',
         f'dataset.train_data_dir="{data}"', 'dataset.control_dir="control"',
         f'saving.output_dir="{root / "out"}"'])
-    config = flow_transformer_config(cfg.model)
-    tr = cfg.training
-    option, memory = cheapest_fit(config, cfg, (1024, 1024), gb * GIB, tr.train_batch_size)
-    assert (option.base, option.swap, option.batch) == (
-        cfg.model.base_precision, tr.blocks_to_swap, tr.train_batch_size)
-    from trainer.advisor.estimate import advise
-
-    advice = advise(cfg, card(gb))
-    assert not advice.problems, advice.problems
-    assert not advice.recommendations or all(not r.changes for r in advice.recommendations)
-    assert advice.memory.peak == memory.peak < gb * GIB * FITS_BELOW
-    text = next(p for p in advice.phases if p.name == "text cache")
-    assert text.device < gb * GIB * FITS_BELOW
+    assert_cheapest_fit(cfg, gb)

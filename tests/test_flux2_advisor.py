@@ -10,22 +10,18 @@ from __future__ import annotations
 import sys
 
 import pytest
+from advisor_helpers import assert_cheapest_fit, card
 
 from trainer.advisor import flow_memory as fm
 from trainer.advisor.advice import FITS_BELOW, GIB
 from trainer.advisor.estimate import advise
-from trainer.advisor.flow_advice import cheapest_fit, flow_transformer_config
+from trainer.advisor.flow_advice import flow_transformer_config
 from trainer.config import files as config_io
 from trainer.config.files import from_dict
 from trainer.config.paths import PROJECT_ROOT
-from trainer.system.device import DeviceInfo
 
 sys.path.insert(0, str(PROJECT_ROOT / "bench"))
 pytestmark = pytest.mark.usefixtures("no_network")
-
-
-def card(gb: int) -> DeviceInfo:
-    return DeviceInfo("cuda", "NVIDIA GeForce RTX", "cuda:0", gb * GIB, True, True, "2.13")
 
 
 def tiny_config(double: int, single: int) -> dict:
@@ -139,19 +135,7 @@ def test_each_preset_is_the_cheapest_combination_that_fits_its_card(releases, ra
     """The preset's base precision, block swap and batch are what the advisor recommends for
     its card from bf16 (the cheapest that fits: the fastest), its text encoder fits the card
     while the captions are encoded, and nothing is left to advise."""
-    cfg = load(releases, variant, preset)
-    config = flow_transformer_config(cfg.model)
-    side = (1024, 1024)
-    tr = cfg.training
-    option, memory = cheapest_fit(config, cfg, side, gb * GIB, tr.train_batch_size)
-    assert (option.base, option.swap, option.batch) == (
-        cfg.model.base_precision, tr.blocks_to_swap, tr.train_batch_size)
-    advice = advise(cfg, card(gb))
-    assert not advice.problems, advice.problems
-    assert not advice.recommendations or all(not r.changes for r in advice.recommendations)
-    assert advice.memory.peak == memory.peak < gb * GIB * FITS_BELOW
-    text = next(p for p in advice.phases if p.name == "text cache")
-    assert text.device < gb * GIB * FITS_BELOW
+    assert_cheapest_fit(load(releases, variant, preset), gb)
 
 
 def test_a_text_encoder_too_large_for_the_card_is_advised_fp8(releases, ram):
