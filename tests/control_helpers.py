@@ -83,3 +83,29 @@ class FakeVAE:
     def __call__(self, pixels: torch.Tensor) -> torch.Tensor:
         self.images += pixels.shape[0]
         return torch.einsum("oc,bchw->bohw", self.weight, F.avg_pool2d(pixels, 8))
+
+
+def watch_edit_run(monkeypatch, family_class, at_save) -> tuple[dict, list]:
+    """Watch an edit LoRA run: ``family_class.predict`` records the shapes of each training
+    step's controls (a tuple per step) and, at the final save, ``at_save(model)`` gives what the
+    trained model computes (``trained["out"]``), to compare with what a pipeline computes once
+    the saved file is loaded."""
+    from trainer.methods.lora import LoraMethod
+
+    trained, steps = {}, []
+    real_save, real_predict = LoraMethod.save, family_class.predict
+
+    def save(self, path, model, facts, final=True):
+        if final:
+            trained["saving"] = True
+            trained["out"] = at_save(model)
+        return real_save(self, path, model, facts, final)
+
+    def seen(self, model, noisy, t, text, size_ids, cfg=None, denoiser=None, controls=None):
+        if "saving" not in trained:  # the run's steps
+            steps.append(tuple(tuple(c.shape) for c in controls or ()))
+        return real_predict(self, model, noisy, t, text, size_ids, cfg, denoiser, controls)
+
+    monkeypatch.setattr(LoraMethod, "save", save)
+    monkeypatch.setattr(family_class, "predict", seen)
+    return trained, steps

@@ -13,7 +13,7 @@ from typing import Optional
 
 import pytest
 import torch
-from control_helpers import noise, pairs
+from control_helpers import noise, pairs, watch_edit_run
 from diffusers import Flux2KleinPipeline, Flux2Pipeline
 from safetensors import safe_open
 from safetensors.torch import load_file
@@ -23,7 +23,6 @@ from train_helpers import small_config
 
 from trainer.events import ListSink, Log
 from trainer.families import family
-from trainer.methods.lora import LoraMethod
 from trainer.models.loader import resolve_model_path
 from trainer.models.text_conditioning import TextConditioning
 from trainer.run.loop import run
@@ -68,22 +67,7 @@ def predict(transformer, cfg) -> torch.Tensor:
 def test_a_lora_trains_on_references_and_diffusers_reproduces_it(tmp_path, monkeypatch, twin):
     cfg = edit_config(tmp_path, twin, network={"network_alpha": 2.0, "network_dim": 4},
                       optimizer={"learning_rate": 1e-2}, training={"max_train_steps": 4})
-    trained, steps = {}, []
-    real_save, real_predict = LoraMethod.save, FLUX2.predict
-
-    def save(self, path, model, facts, final=True):
-        if final:
-            trained["saving"] = True
-            trained["out"] = predict(model.unet, cfg)
-        return real_save(self, path, model, facts, final)
-
-    def seen(self, model, noisy, t, text, size_ids, cfg=None, denoiser=None, controls=None):
-        if "saving" not in trained:  # the run's steps
-            steps.append(tuple(tuple(c.shape) for c in controls or ()))
-        return real_predict(self, model, noisy, t, text, size_ids, cfg, denoiser, controls)
-
-    monkeypatch.setattr(LoraMethod, "save", save)
-    monkeypatch.setattr(FLUX2, "predict", seen)
+    trained, steps = watch_edit_run(monkeypatch, FLUX2, lambda model: predict(model.unet, cfg))
     result = run(cfg, ListSink())
     assert result.status == "finished", result.error
     # every step read its references, each at its own size (/ 8), in their files' order

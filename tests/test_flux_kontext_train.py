@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from control_helpers import pairs
+from control_helpers import pairs, watch_edit_run
 from diffusers import FluxKontextPipeline, FluxTransformer2DModel
 from flow_helpers import scale_diffusers_flux_split
 from safetensors import safe_open
@@ -24,7 +24,6 @@ from train_helpers import small_config
 from trainer.events import ListSink, Log
 from trainer.families import family
 from trainer.families.common.mmdit_checkpoint import flux_tensors
-from trainer.methods.lora import LoraMethod
 from trainer.models.loader import resolve_model_path
 from trainer.models.text_conditioning import TextConditioning
 from trainer.run.loop import run
@@ -80,22 +79,8 @@ def test_a_kontext_lora_trains_on_pairs_and_diffusers_reproduces_it(tmp_path, mo
     cfg = kontext_config(tmp_path, network={"train_text_encoder": True, "network_alpha": 2.0,
                                             "network_dim": 4, "train_blocks": "double"},
                          optimizer={"learning_rate": 1e-2}, training={"max_train_steps": 4})
-    trained, steps = {}, []
-    real_save, real_predict = LoraMethod.save, type(family("flux1_kontext")).predict
-
-    def save(self, path, model, facts, final=True):
-        if final:
-            trained["saving"] = True
-            trained["out"] = predict(model.unet, cfg)
-        return real_save(self, path, model, facts, final)
-
-    def seen(self, model, noisy, t, text, size_ids, cfg=None, denoiser=None, controls=None):
-        if "saving" not in trained:  # the run's steps
-            steps.append([tuple(c.shape) for c in controls or []])
-        return real_predict(self, model, noisy, t, text, size_ids, cfg, denoiser, controls)
-
-    monkeypatch.setattr(LoraMethod, "save", save)
-    monkeypatch.setattr(type(family("flux1_kontext")), "predict", seen)
+    trained, steps = watch_edit_run(monkeypatch, type(family("flux1_kontext")),
+                                    lambda model: predict(model.unet, cfg))
     result = run(cfg, ListSink())
     assert result.status == "finished", result.error
     # every step read its reference, sized as the pipeline sizes it: a square one 1024 x 1024,
