@@ -152,9 +152,11 @@ def prepare(s: Session, out: Reporter) -> None:
 def _device(s: Session, out: Reporter) -> None:
     from trainer.models.memory import check_memory_options
     from trainer.system.device import check_full_bf16, detect, resolve_precision
+    from trainer.system.host_heap import fix_mmap_threshold
     from trainer.system.threads import adaptive_threads
 
     s.device_info = info = detect()
+    fix_mmap_threshold()  # freed tensors leave the process (trainer/system/host_heap.py)
     # GPUs only; before the precision, which names fp16 alone on the CPU
     full_fp16.check(s.cfg.training.full_fp16, s.cfg.training.mixed_precision, info.backend)
     s.precision = resolve_precision(s.cfg.training.mixed_precision, info)
