@@ -8,9 +8,20 @@ file's, an encoder's), a CPU step's activations, most of 1 to 32 MiB, come from 
 live tensor above them keeps the freed ones from being trimmed, and the process's memory grows
 past what is alive towards the largest heap it ever had. Fixing the threshold (which also turns
 the raising off) maps every block of :data:`THRESHOLD` or more on its own, so that freed
-tensors leave. Measured with bench/flux2_klein_lora_vs_diffusers.py's model (a klein 4B-wide
-LoRA at 256 px on the CPU): peak RSS 4.85 GiB against 5.77 to 5.94, the same s/step. Blocks
-under the threshold (most of Python's objects) stay in the heap, as before.
+tensors leave. Blocks under the threshold (most of Python's objects) stay in the heap, as before.
+
+What it costs: each mapped block's pages are new to the process, so the kernel faults and zeroes
+them at first touch, where the heap would have reused pages. On a CPU step that shows where the
+step is short against its activations (bench/*_lora_vs_diffusers.py, 2 cores, 256 px):
+
+| threshold | klein 4B-wide, 4 blocks: peak RSS, s/step | Z-Image, 1 layer: peak RSS, s/step |
+|---|---|---|
+| glibc's own (raised up to 32 MiB) | 5.77 to 5.94 GiB | 2.84 GiB, 2.00 s |
+| 8 MiB | 5.30 GiB, 11.17 s | 2.75 GiB, 2.15 s |
+| 1 MiB (this) | 4.85 GiB, 11.36 s | 2.63 GiB, 2.27 s |
+
+Memory is what a run on a large model runs out of (a GPU run's steps allocate little host
+memory, so there the cost is nil), hence 1 MiB.
 
 Elsewhere than glibc (macOS, musl, Windows) nothing is done: their allocators return large
 blocks by themselves or have no such setting.
