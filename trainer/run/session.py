@@ -25,7 +25,7 @@ from trainer.run.caches import fill_latent_cache, fill_text_cache
 from trainer.run.cpu_precision import choose_cpu_precision, cpu_bf16_norms
 from trainer.run.ema import NoEma, make_ema
 from trainer.run.state import Progress
-from trainer.run.unused import release_decoder
+from trainer.run.unused import give_back_free_memory, release_decoder
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +142,10 @@ def prepare(s: Session, out: Reporter) -> None:
     _optimizer(s, groups)
     fused_steps.install(s)  # optimizer.fused_backward_pass / fused_optimizer_groups
     s.base_model_hash = _base_hash(s.model.source)
+    # what the set-up freed (the loaders' scratch, released encoders) goes back to the system
+    # before step 1: the heap would keep it beside the steps' own (trainer/run/unused.py)
+    gc.collect()
+    give_back_free_memory()
     if resume is not None:
         s.progress = load_state(s, resume)
         s.method.after_step(s.model, s.progress.step)  # e.g. a text encoder frozen by then
@@ -152,11 +156,9 @@ def prepare(s: Session, out: Reporter) -> None:
 def _device(s: Session, out: Reporter) -> None:
     from trainer.models.memory import check_memory_options
     from trainer.system.device import check_full_bf16, detect, resolve_precision
-    from trainer.system.host_heap import fix_mmap_threshold
     from trainer.system.threads import adaptive_threads
 
     s.device_info = info = detect()
-    fix_mmap_threshold()  # freed tensors leave the process (trainer/system/host_heap.py)
     # GPUs only; before the precision, which names fp16 alone on the CPU
     full_fp16.check(s.cfg.training.full_fp16, s.cfg.training.mixed_precision, info.backend)
     s.precision = resolve_precision(s.cfg.training.mixed_precision, info)
