@@ -278,3 +278,28 @@ def test_the_validation_loss_reads_the_held_out_images_controls(tmp_path):
     [scored] = sink.of(Validation)
     assert scored.images == 1 and scored.loss > 0
     assert calls and set(calls) == {1}  # every call, the training's and the validation's
+
+
+def test_a_dreambooth_folder_of_an_edit_model_loads_as_that_edit_model(tmp_path):
+    """DreamBooth writes an edit variant's diffusers folder as its own pipeline, with its image
+    processor (``QwenImageEditPipeline``), not as the text-to-image QwenImagePipeline: the
+    folder loads again as Qwen-Image-Edit, in diffusers and here."""
+    import json
+
+    train = pairs(tmp_path / "data", names=("a", "b"), sizes=((64, 64), (64, 64)))
+    cfg = small_config(tmp_path, train, mode="dreambooth",
+                       model={"pretrained_model_name_or_path": TWIN},
+                       dataset={"control_dir": "control"}, training={"max_train_steps": 1})
+    result = run(cfg, ListSink())
+    assert result.status == "finished", result.error
+    folder = next(p.parent for p in (tmp_path / "out").rglob("model_index.json"))
+    assert json.loads((folder / "model_index.json").read_text())["_class_name"] == \
+        "QwenImageEditPipeline"
+    assert (folder / "processor" / "tokenizer_config.json").is_file()
+    loaded = load_base_model(ModelSection(pretrained_model_name_or_path=str(folder)))
+    assert loaded.variant == "edit" and loaded.processor is not None
+    # diffusers reads it too (the processor passed in: without torchvision, transformers
+    # cannot build Qwen2VLProcessor's video part, which the pipeline does not use)
+    pipe = QwenImageEditPipeline.from_pretrained(folder, processor=loaded.processor,
+                                                 local_files_only=True)
+    assert type(pipe).__name__ == "QwenImageEditPipeline"

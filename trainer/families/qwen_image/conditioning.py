@@ -125,6 +125,22 @@ class QwenImageFamily:
                                  text_encoder=model.text_encoder, tokenizer=model.tokenizer,
                                  transformer=denoiser)
 
+    def folder_pipeline(self, model: Any, denoiser: Any, scheduler: Any) -> Any:
+        """The pipeline a trained model's diffusers folder names (DreamBooth): an edit
+        variant's own (``QwenImageEditPipeline``, ``QwenImageEditPlusPipeline``) with the
+        model's image processor, so that the folder loads as that edit model again; the base
+        model's ``QwenImagePipeline`` otherwise."""
+        import diffusers
+
+        from trainer.families.qwen_image.edit import PIPELINES
+
+        pipe = self.pipeline(model, denoiser, scheduler)
+        variant = getattr(model, "variant", "base")
+        if variant not in PIPELINES:
+            return pipe
+        return getattr(diffusers, PIPELINES[variant])(processor=model.processor,
+                                                      **pipe.components)
+
     def sample_pipeline(self, model: Any, pipe: Any, args: dict[str, Any]
                         ) -> tuple[Any, dict[str, Any]]:
         """The pipeline and arguments that draw one sample. An edit variant's prompt with

@@ -75,6 +75,20 @@ def save_pipeline_folder(path: str | Path, model: Any, unet: Any, text_encoder: 
     return path
 
 
+def _processor(processor: Any, folder: Path) -> None:
+    """An image processor's folder (``processor/``), named in ``model_index.json`` by the
+    transformers class it is (a family may hold a local subclass of it: Qwen-Image-Edit's
+    processor has no video part), as the released folders name it."""
+    import json
+
+    processor.save_pretrained(folder / "processor")
+    index_path = folder / "model_index.json"
+    index = json.loads(index_path.read_text(encoding="utf-8"))
+    known = next(c for c in type(processor).__mro__ if c.__module__.startswith("transformers."))
+    index["processor"] = ["transformers", known.__name__]
+    index_path.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
 def save_flow_pipeline_folder(path: str | Path, model: Any, transformer: Any,
                               encoders: dict[str, Any], dtype: torch.dtype) -> Path:
     """Write a FLUX.1 / SD 3.5 ``model`` as its ``FluxPipeline`` / ``StableDiffusion3Pipeline``
@@ -85,10 +99,16 @@ def save_flow_pipeline_folder(path: str | Path, model: Any, transformer: Any,
     family = family_of(model)
     names = [name for name, _, _ in family.text_encoders(model)]
     modules = {name: encoders.get(name, getattr(model, name)) for name in names}
-    pipe = family.pipeline(model, transformer, model.noise_scheduler)
+    # the pipeline the folder names: a family may name another than its samples' (an edit
+    # variant's own, with its image processor, so that the folder loads as that model again)
+    pipe = getattr(family, "folder_pipeline", family.pipeline)(model, transformer,
+                                                               model.noise_scheduler)
     path = Path(path)
     with atomic_dir(path) as tmp:
         pipe.save_config(tmp)  # model_index.json
+        processor = pipe.components.get("processor")
+        if processor is not None:
+            _processor(processor, tmp)
         _diffusers_model(transformer, tmp / "transformer", dtype)
         _diffusers_model(model.vae, tmp / "vae", dtype)
         for name, module in modules.items():
