@@ -19,12 +19,18 @@ from trainer.run.loop import run
 pytestmark = pytest.mark.usefixtures("no_network")
 
 
-def lora_run(tmp_path):
+def lora_run(tmp_path, images: int = 1, steps: int = 2):
+    """A fp32 LoRA run on the tiny Z-Image over ``images`` copies of the one-image dataset's
+    circle (each its own caption): (its file, its log lines)."""
     data = tmp_path / "data"
     one_image_dataset(data)
+    folder = next(data.iterdir())
+    for name in ("b", "c", "d", "e")[:images - 1]:
+        (folder / f"{name}.png").write_bytes((folder / "circle.png").read_bytes())
+        (folder / f"{name}.txt").write_text(f"a {name} circle")
     cfg = small_config(tmp_path, data, model={"pretrained_model_name_or_path":
                                               "embedded:tiny-zimage"},
-                       training={"max_train_steps": 2, "mixed_precision": "no"})
+                       training={"max_train_steps": steps, "mixed_precision": "no"})
     sink = ListSink()
     result = run(cfg, sink)
     assert result.status == "finished", result.error
@@ -103,23 +109,8 @@ def test_a_text_first_cpu_run_encodes_every_image_before_the_transformer(tmp_pat
         seen["session"] = s
         real_fill(s, out, **kwargs)
 
-    def make_data(root):
-        data = root / "data"
-        one_image_dataset(data)
-        folder = next(data.iterdir())
-        for name in ("b", "c"):
-            (folder / f"{name}.png").write_bytes((folder / "circle.png").read_bytes())
-            (folder / f"{name}.txt").write_text(f"a {name} circle")
-        return data
-
     def train(root):
-        cfg = small_config(root, make_data(root), model={"pretrained_model_name_or_path":
-                                                         "embedded:tiny-zimage"},
-                           training={"max_train_steps": 1, "mixed_precision": "no"})
-        sink = ListSink()
-        result = run(cfg, sink)
-        assert result.status == "finished", result.error
-        return load_file(result.output_path), [e.message for e in sink.of(Log)]
+        return lora_run(root, images=3, steps=1)
 
     monkeypatch.setattr(caches, "encode_images", encode)
     monkeypatch.setattr(caches, "fill_text_cache", fill)

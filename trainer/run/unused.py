@@ -13,16 +13,20 @@ after, so there the encoder goes too, once the cache is full.
 from __future__ import annotations
 
 import gc
-from typing import Any, Optional
+from typing import Any
 
 import torch
+
+DECODES_NOTHING = "this run was set up to decode nothing (no sample prompts, a method that " \
+    "saves no VAE)"
+ENCODES_NOTHING = "every image was encoded before the transformer was built and nothing in " \
+    "this run encodes later"
 
 
 class Released(torch.nn.Module):
     """Where a module was let go: no weights; calling it says why."""
 
-    def __init__(self, what: str, why: str = "this run was set up to decode nothing (no sample "
-                 "prompts, a method that saves no VAE)"):
+    def __init__(self, what: str, why: str = DECODES_NOTHING):
         super().__init__()
         self.what, self.why = what, why
 
@@ -53,14 +57,15 @@ def decoder_unused(cfg: Any) -> bool:
     return cfg.mode != "dreambooth" and not (sm.sample_prompts or sm.sample_prompts_file)
 
 
-def _release(vae: Any, names: tuple[str, ...], why: Optional[str] = None) -> int:
-    """The VAE's modules ``names`` (those it has) replaced by stand-ins; the bytes freed."""
+def _release(vae: Any, names: tuple[str, ...], why: str) -> int:
+    """The VAE's modules ``names`` (those it has, not let go yet) replaced by stand-ins that
+    say ``why``; the bytes freed."""
     parts = [name for name in names if isinstance(getattr(vae, name, None), torch.nn.Module)
              and not isinstance(getattr(vae, name), Released)]
     freed = sum(t.numel() * t.element_size() for name in parts
                 for t in getattr(vae, name).state_dict().values())
     for name in parts:
-        setattr(vae, name, Released(f"the VAE's {name}", *([why] if why else [])))
+        setattr(vae, name, Released(f"the VAE's {name}", why))
     gc.collect()
     give_back_free_memory()
     return freed
@@ -71,7 +76,7 @@ def release_decoder(s: Any, out: Any) -> None:
     vae = getattr(s.model, "vae", None)
     if vae is None or not decoder_unused(s.cfg) or isinstance(vae.decoder, Released):
         return
-    freed = _release(vae, ("decoder", "post_quant_conv"))
+    freed = _release(vae, ("decoder", "post_quant_conv"), DECODES_NOTHING)
     out.log(f"VAE decoder released: nothing in this run decodes ({freed / 2**20:.0f} MiB)")
 
 
@@ -79,11 +84,7 @@ def release_encoder(s: Any, out: Any) -> None:
     """The VAE's encoder let go once a text-first run's latent cache is full (see the module's
     notes; the caller knows the run is one)."""
     vae = getattr(s.model, "vae", None)
-    if vae is None or not isinstance(getattr(vae, "encoder", None), torch.nn.Module):
-        return
-    freed = _release(vae, ("encoder", "quant_conv"),
-                     "every image was encoded before the transformer was built and nothing in "
-                     "this run encodes later")
+    freed = _release(vae, ("encoder", "quant_conv"), ENCODES_NOTHING) if vae is not None else 0
     if freed:
         out.log(f"VAE encoder released: every image is in the latent cache "
                 f"({freed / 2**20:.0f} MiB)")

@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from trainer.families.common.qwen_tokenizers import CHECKPOINTS, _paths
+from trainer.families.common.qwen_tokenizers import CHECKPOINTS, _paths, _places
 from trainer.families.spec import ASSETS
 from trainer.models import tokenizers
 from trainer.models.tokenizers import Found
@@ -63,8 +63,7 @@ def _in_settings(tokenizer: Optional[str], config_dir: Optional[str]) -> Optiona
 
 def _beside(checkpoints: list[Path]) -> Optional[Found]:
     for checkpoint in checkpoints:
-        parent = checkpoint.parent
-        for candidate in (parent / checkpoint.stem / SLOT, parent / SLOT, parent):
+        for candidate in _places(checkpoint, SLOT):
             if _holds(candidate):
                 return Found(candidate, f"beside the file ({candidate})")
     return None

@@ -128,8 +128,10 @@ def _paths(checkpoint: CHECKPOINTS) -> list[Path]:
     return [Path(c).expanduser() for c in checkpoint if c]
 
 
-def _places(checkpoint: Path) -> list[Path]:
-    return [checkpoint.parent / checkpoint.stem / SLOT, checkpoint.parent / SLOT,
+def _places(checkpoint: Path, slot: str = SLOT) -> list[Path]:
+    """Where files beside ``checkpoint`` may hold a ``slot`` folder's (``models/name/slot/``,
+    ``models/slot/``, ``models/``): the tokenizer's, or an edit model's image processor's."""
+    return [checkpoint.parent / checkpoint.stem / slot, checkpoint.parent / slot,
             checkpoint.parent]
 
 

@@ -130,16 +130,12 @@ class QwenImageFamily:
         variant's own (``QwenImageEditPipeline``, ``QwenImageEditPlusPipeline``) with the
         model's image processor, so that the folder loads as that edit model again; the base
         model's ``QwenImagePipeline`` otherwise."""
-        import diffusers
-
         from trainer.families.qwen_image.edit import PIPELINES
 
         pipe = self.pipeline(model, denoiser, scheduler)
-        variant = getattr(model, "variant", "base")
-        if variant not in PIPELINES:
+        if getattr(model, "variant", "base") not in PIPELINES:
             return pipe
-        return getattr(diffusers, PIPELINES[variant])(processor=model.processor,
-                                                      **pipe.components)
+        return _edit_pipeline(model, pipe)
 
     def sample_pipeline(self, model: Any, pipe: Any, args: dict[str, Any]
                         ) -> tuple[Any, dict[str, Any]]:
@@ -150,9 +146,7 @@ class QwenImageFamily:
         2511). A prompt without one (both edit pipelines need an image) and a model that takes
         none draw from the prompt alone through ``pipe`` (a control it cannot read is ignored,
         as the sample prompts ignore an option a family does not read)."""
-        import diffusers
-
-        from trainer.families.qwen_image.edit import MAX_CONTROLS, PIPELINES
+        from trainer.families.qwen_image.edit import MAX_CONTROLS
 
         args = dict(args)
         images = args.pop("image", None)
@@ -160,8 +154,7 @@ class QwenImageFamily:
         if not images or most == 0:
             return pipe, args
         images = images if isinstance(images, list) else [images]
-        edit = getattr(diffusers, PIPELINES[model.variant])(processor=model.processor,
-                                                            **pipe.components)
+        edit = _edit_pipeline(model, pipe)
         edit.set_progress_bar_config(disable=True)
         return edit, {**args, "image": images[0] if most == 1 else images[:most]}
 
@@ -174,6 +167,17 @@ class QwenImageFamily:
 
     def added_conditioning(self, text: TextConditioning, size_ids: Optional[torch.Tensor]):
         return None
+
+
+def _edit_pipeline(model: Any, pipe: Any) -> Any:
+    """The edit variant's own diffusers pipeline over ``pipe``'s modules and the model's image
+    processor (``QwenImageEditPipeline``, ``QwenImageEditPlusPipeline``)."""
+    import diffusers
+
+    from trainer.families.qwen_image.edit import PIPELINES
+
+    return getattr(diffusers, PIPELINES[model.variant])(processor=model.processor,
+                                                        **pipe.components)
 
 
 def family(name: str = "qwen_image", guidance: Optional[float] = None) -> QwenImageFamily:
