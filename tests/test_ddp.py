@@ -146,6 +146,74 @@ def test_a_rank_killed_without_a_word_is_named_from_torchrun_s_summary(tmp_path,
     assert "exit status 1" in result.error
 
 
+def test_a_rank_that_crashes_is_named_before_the_errors_it_caused(tmp_path, monkeypatch):
+    """A real torchrun launch: rank 0 aborts (a native crash: no error line of its own, no
+    Finished), rank 1 then fails on the process group and says so. The run's error names
+    rank 0 first, with its signal and Python's report of where it was, then rank 1's line."""
+    script = tmp_path / "crash.py"
+    script.write_text(
+        "import os, sys, time, torch, torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "t = torch.zeros(1 << 20)\n"
+        "def crash():\n"
+        "    os.abort()\n"
+        "if dist.get_rank() == 0:\n"
+        "    time.sleep(1); crash()\n"
+        "try:\n"
+        "    for _ in range(1000): dist.all_reduce(t); time.sleep(0.01)\n"
+        "except RuntimeError as exc:\n"
+        "    print(f'rank 1: error: RuntimeError: {exc}', file=sys.stderr, flush=True)\n"
+        "    sys.exit(1)\n")
+    real = launch.torchrun_command
+    monkeypatch.setattr(launch, "torchrun_command", lambda config, folder, nproc, options: [
+        *real(config, folder, nproc, options)[:-4], str(script)])
+    result = run_launched(small_config(tmp_path, tmp_path, training={"num_processes": 2}))
+    lines = result.error.splitlines()
+    assert result.status == "failed"
+    assert lines[0].startswith("rank 0 failed first: exit code -6 (Signal 6 (SIGABRT)"), lines
+    assert lines[0].endswith(f'Fatal Python error: Aborted, in File "{script}", line 5 in crash')
+    assert lines[1].startswith("then rank 1: error: RuntimeError: ") and "peer" in lines[1]
+
+
+def test_one_machine_lets_torchrun_pick_its_port(tmp_path):
+    """One machine: the standalone rendezvous (its store binds a free port, no port picked
+    here that another launch could take first); more machines meet at machine 0's address."""
+    one = launch.torchrun_command(tmp_path / "c.toml", tmp_path, 2, LaunchOptions())
+    assert "--standalone" in one and not any(a.startswith("--master-port") for a in one)
+    two = launch.torchrun_command(tmp_path / "c.toml", tmp_path, 2, LaunchOptions(
+        num_machines=2, machine_rank=1, main_process_ip="10.0.0.2", main_process_port=29500))
+    assert "--standalone" not in two
+    assert {"--nnodes=2", "--node-rank=1", "--master-addr=10.0.0.2",
+            "--master-port=29500"} <= set(two)
+
+
+def test_an_exception_past_the_loop_is_still_the_rank_s_error_line(tmp_path, monkeypatch,
+                                                                    capsys):
+    """What escapes ``run`` (an interrupt, an error in its own teardown) is printed as the
+    rank's error line before it propagates, so the launch names it instead of the others'
+    process-group errors."""
+    import trainer.run.loop as loop
+
+    def broken(*args, **kwargs):
+        raise KeyboardInterrupt("second Ctrl-C")
+
+    monkeypatch.setattr(loop, "run", broken)
+    monkeypatch.setattr(launch, "_stop_on_signals", lambda control: None)  # pytest's own
+    monkeypatch.setattr(launch.parent_death, "die_with_parent", lambda signum: None)
+    monkeypatch.setenv("RANK", "1")
+    cfg = small_config(tmp_path, tmp_path)
+    from trainer.config import files as config_io
+
+    config_io.save(cfg, tmp_path / "config.toml")
+    try:
+        launch.worker(tmp_path / "config.toml", tmp_path)
+    except KeyboardInterrupt:
+        pass
+    else:
+        raise AssertionError("the interrupt must propagate")
+    assert "rank 1: error: KeyboardInterrupt: second Ctrl-C" in capsys.readouterr().err
+
+
 # -- real runs: torchrun, gloo; three launches in all (each costs ~15 s of CPU) ------------
 def test_two_machines_train_what_one_process_trains_with_the_global_batch(
         tmp_path, tiny_model_dir, monkeypatch):

@@ -5,7 +5,6 @@ weights as one process with the global batch, the same files, and an exact resum
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,6 @@ from train_helpers import small_config
 
 from trainer.config.rules.distributed import FSDP_OPTIMIZERS
 from trainer.events import Checkpoint, ListSink, Sample, Step, Validation
-from trainer.run import launch
 from trainer.run.fsdp import units
 from trainer.run.launch import run_launched
 from trainer.run.loop import run
@@ -107,11 +105,11 @@ def _steps(name: str, rank: int, world: int) -> torch.Tensor:
     return torch.cat([w.detach().reshape(-1) for w in whole])
 
 
-def _worker(rank: int, port: int, out: str) -> None:
+def _worker(rank: int, store: str, out: str) -> None:
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    # a file store: no port to pick that a test running beside this one could take first
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     try:
         got = {name: _steps(name, rank, 2) for name in FSDP_OPTIMIZERS}
         if rank == 0:
@@ -124,7 +122,7 @@ def test_the_allowed_optimizers_step_on_shards_as_on_whole_tensors(tmp_path):
     import torch.multiprocessing as mp
 
     out = tmp_path / "sharded.pt"
-    mp.spawn(_worker, args=(launch.free_port(), str(out)), nprocs=2)
+    mp.spawn(_worker, args=(str(tmp_path / "store"), str(out)), nprocs=2)
     sharded = torch.load(out)
     for name in FSDP_OPTIMIZERS:
         assert torch.allclose(sharded[name], _steps(name, 0, 1), atol=1e-6), name

@@ -122,19 +122,25 @@ def free_port() -> int:
 
 def torchrun_command(config: Path, folder: Path, nproc: int,
                      options: LaunchOptions) -> list[str]:
-    """The command line that starts this machine's processes."""
-    ip = options.main_process_ip or "127.0.0.1"
-    port = options.main_process_port or free_port()
-    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-            f"--nnodes={options.num_machines}", f"--node-rank={options.machine_rank}",
-            f"--master-addr={ip}", f"--master-port={port}",
-            "-m", "trainer.run.launch", str(config), str(folder)]
+    """The command line that starts this machine's processes. One machine with no address
+    given: torchrun's standalone rendezvous, whose store binds a free port itself (a port
+    picked here and bound later by torchrun could be taken by another launch meanwhile)."""
+    run = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
+    if options.num_machines == 1 and not options.main_process_ip \
+            and not options.main_process_port:
+        rendezvous = ["--standalone"]
+    else:
+        rendezvous = [f"--nnodes={options.num_machines}", f"--node-rank={options.machine_rank}",
+                      f"--master-addr={options.main_process_ip or '127.0.0.1'}",
+                      f"--master-port={options.main_process_port or free_port()}"]
+    return [*run, *rendezvous, "-m", "trainer.run.launch", str(config), str(folder)]
 
 
 def _environment(nproc: int) -> dict[str, str]:
     from trainer.config.paths import PROJECT_ROOT
 
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # a rank killed by a fatal signal (SIGSEGV, SIGABRT) prints its Python stack to the output
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT),
                                                     env.get("PYTHONPATH")) if p)
     # torch would pick 1 thread per process; share the cores (a CPU run trains on them)
@@ -228,10 +234,11 @@ def _failure_text(error: str, output: Path) -> str:
     the others said and ``error`` (rank 0's, or the launch's exit status). A rank that fails
     takes the others down with errors of the process group ("Connection closed by peer"),
     which say nothing of the cause."""
-    first = _first_failure(output)
-    if first is None:
+    found = _first_failure(output)
+    if found is None:
         return f"{error}: {_tail(output)}"
-    lines = [first] + [f"then {line}" for line in _rank_errors(output)[1:]]
+    first, others = found
+    lines = [first] + [f"then {line}" for line in others]
     if not any(error.splitlines()[0] in line for line in lines):
         lines.append(f"({error})")
     return "\n".join(lines)
@@ -247,19 +254,33 @@ def _rank_errors(output: Path) -> list[str]:
             and line[5:].split(":")[0].isdigit()]
 
 
-def _first_failure(output: Path) -> Optional[str]:
-    """``rank N failed first: ...`` from the ranks' error lines, else from torchrun's "Root
-    Cause (first observed failure)" of a rank that died without one (killed, out of memory);
-    None when neither is there."""
+def _first_failure(output: Path) -> Optional[tuple[str, list[str]]]:
+    """``rank N failed first: ...``: the rank that torchrun's "Root Cause (first observed
+    failure)" names when it died without an error line of its own (killed, out of memory, a
+    crash: the others' errors are then the process group's reaction), else the first rank's
+    own error line; with the other ranks' error lines. None when neither is there."""
     errors = _rank_errors(output)
+    try:
+        text = [line.rstrip() for line in output.read_text(encoding="utf-8",
+                                                           errors="replace").splitlines()]
+    except OSError:
+        text = []
+    said = {line[5:].split(":")[0] for line in errors}
+    cause = _root_cause([line.strip() for line in text])
+    if cause is not None and cause["rank"] not in said:
+        why = cause.get("traceback", "")
+        crash = _fatal_error(text)
+        return (f"rank {cause['rank']} failed first: exit code {cause.get('exitcode', '?')}"
+                + (f" ({why})" if why and "N/A" not in why else "")
+                + (f": {crash}" if crash else "")), errors
     if errors:
         rank, _, message = errors[0].partition(": error: ")
-        return f"{rank} failed first: {message}"
-    try:
-        text = [line.strip() for line in output.read_text(encoding="utf-8",
-                                                          errors="replace").splitlines()]
-    except OSError:
-        return None
+        return f"{rank} failed first: {message}", errors[1:]
+    return None
+
+
+def _root_cause(text: list[str]) -> Optional[dict[str, str]]:
+    """rank, exitcode and traceback of torchrun's first observed failure, if it printed one."""
     if ROOT_CAUSE not in text:
         return None
     fields: dict[str, str] = {}
@@ -269,10 +290,20 @@ def _first_failure(output: Path) -> Optional[str]:
             fields.setdefault(key.strip(), value.strip())
     if "rank" not in fields:
         return None
-    why = fields.get("traceback", "")
-    return (f"rank {fields['rank'].split()[0]} failed first: exit code "
-            f"{fields.get('exitcode', '?').split()[0]}"
-            + (f" ({why})" if why and "N/A" not in why else ""))
+    fields["rank"] = fields["rank"].split()[0]
+    fields["exitcode"] = fields.get("exitcode", "?").split()[0]
+    return fields
+
+
+def _fatal_error(text: list[str]) -> str:
+    """Python's own report of a fatal signal (faulthandler, on in every rank): the error and
+    the innermost Python frame it was in, e.g. ``Fatal Python error: Aborted, in File ...``."""
+    for i, line in enumerate(text):
+        if line.startswith("Fatal Python error:"):
+            frame = next((t.strip() for t in text[i + 1:i + 8] if t.strip().startswith("File ")),
+                         "")
+            return line.strip() + (f", in {frame}" if frame else "")
+    return ""
 
 
 def _tail(path: Path, lines: int = 12) -> str:
@@ -336,7 +367,11 @@ def worker(config: Path, folder: Path) -> int:
     if rank() == 0:
         sink = JsonLinesSink(folder / EVENTS)
         (folder / PID).write_text(str(os.getpid()), encoding="utf-8")
-    result = run(config_io.load(config), sink, control)
+    try:
+        result = run(config_io.load(config), sink, control)
+    except BaseException as exc:  # past run's own net: still this rank's error line
+        print(f"rank {rank()}: error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        raise
     if result.status == "failed":
         print(f"rank {rank()}: error: {result.error}", file=sys.stderr, flush=True)
         return 1
