@@ -9,6 +9,7 @@ from peft import LoraConfig, inject_adapter_in_model
 from safetensors.torch import save_file
 
 from trainer.families.common.mmdit_lora_file import FlowLoraInfo, save_flow_lora
+from trainer.families.common.tiny_mmdit import build_flux_components, build_sd3_components
 from trainer.families.flux.lora import (
     CLIP_TARGETS,
     T5_TARGETS,
@@ -16,7 +17,6 @@ from trainer.families.flux.lora import (
     flux_target_modules,
 )
 from trainer.families.sd3.lora import sd3_state_dict, sd3_target_modules
-from trainer.families.common.tiny_mmdit import build_flux_components, build_sd3_components
 from trainer.tools.inspect import format_inspect, inspect
 from trainer.tools.options import InspectOptions
 
@@ -91,3 +91,32 @@ def test_sd3_file_is_read_with_peft_keys_and_norms_match_peft(tmp_path, sd3_adap
     assert q.norm == pytest.approx(float(delta.norm()), rel=1e-4)
     save_file(dict(tensors), str(tmp_path / "bare.safetensors"))
     assert inspect(InspectOptions(path=str(tmp_path / "bare.safetensors"))).family == "sd3"
+
+
+def test_diffusers_own_flux_file_without_metadata_is_flux_not_sd3(tmp_path):
+    """diffusers' FluxPipeline.save_lora_weights names FLUX.1's double blocks as SD 3.5 names
+    its joint blocks (``transformer.transformer_blocks.0.attn.to_q``): the single-stream
+    blocks tell FLUX.1, and so does FLUX.1's width in a file of double blocks only; SD 3.5's
+    own widths stay SD 3.5's."""
+    from diffusers import FluxPipeline
+    from peft import get_peft_model_state_dict
+
+    tr = build_flux_components()["transformer"]
+    inject_adapter_in_model(LoraConfig(r=4, lora_alpha=4.0, target_modules=[
+        "to_q", "to_k", "to_v", "to_out.0"]), tr)
+    randomize(tr)
+    FluxPipeline.save_lora_weights(tmp_path, transformer_lora_layers=get_peft_model_state_dict(tr))
+    report = inspect(InspectOptions(path=str(tmp_path / "pytorch_lora_weights.safetensors")))
+    assert report.family == "flux1", report.family_reason
+    assert "single-stream blocks" in report.family_reason
+
+    def double_only(width: int):
+        path = tmp_path / f"double_{width}.safetensors"
+        save_file({"transformer.transformer_blocks.0.attn.to_q.lora_A.weight":
+                   torch.randn(4, width),
+                   "transformer.transformer_blocks.0.attn.to_q.lora_B.weight":
+                   torch.randn(width, 4)}, str(path))
+        return inspect(InspectOptions(path=str(path))).family
+
+    assert double_only(3072) == "flux1"
+    assert double_only(2432) == double_only(1536) == "sd3"
