@@ -228,3 +228,35 @@ def test_a_folder_datasets_references_come_at_the_pipelines_sizes(tmp_path, pipe
     assert control_sizes() == {pipeline_size((1100, 1000)), pipeline_size((100, 70))}
     # about 64 x 64 pixels at each one's aspect (1.1 and 1.43), sides cut to multiples of 16
     assert control_sizes(control_resolution=64) == {(64, 48)}
+
+
+def test_a_reference_the_pipeline_would_refuse_is_refused_before_the_run(tmp_path):
+    """Sizes on both sides of the pipeline's limits (Flux2ImageProcessor.check_image_input:
+    64 px a side, 8:1): the dataset check refuses, naming the file, exactly the references
+    that the pipeline's own check refuses; the others prepare."""
+    from control_helpers import noise, pairs
+    from diffusers.pipelines.flux2.image_processor import Flux2ImageProcessor
+
+    from trainer.data import prepare_dataset
+
+    for i, size in enumerate([(63, 64), (64, 64), (64, 512), (64, 513), (520, 64), (64, 40)]):
+        root = tmp_path / str(i)
+        train = pairs(root, names=("a",), sizes=((64, 64),))
+        noise(train / "control" / "a.png", size, seed=i)
+        cfg = TrainConfig(model={"pretrained_model_name_or_path": TWINS["klein"]},
+                          dataset={"train_data_dir": str(train), "resolution": 64,
+                                   "bucket_reso_steps": 16, "min_bucket_reso": 64,
+                                   "control_dir": "control", "cache_latents": False})
+        try:
+            Flux2ImageProcessor.check_image_input(Image.new("RGB", size))
+            refused_by_pipeline = None
+        except ValueError as exc:
+            refused_by_pipeline = str(exc)
+        if refused_by_pipeline is None:
+            prepare_dataset(cfg, lambda _: None, data_home=root)
+            continue
+        with pytest.raises(ValueError) as caught:
+            prepare_dataset(cfg, lambda _: None, data_home=root)
+        message = str(caught.value)
+        assert str(train / "control" / "a.png") in message, message
+        assert f"{size[0]}x{size[1]}" in message and "FLUX.2" in message

@@ -264,6 +264,8 @@ def count_problems(controls: Optional[list[Optional[ControlSet]]], entries: list
     for entry, found in zip(entries, controls):
         if found is None:
             continue
+        problems += [f"{found.where}: {why}" for c in found.images
+                     if (why := size_problem(c, wanted, name))]
         count = len(found.images) + found.unreadable  # a broken one is a line of its own
         if count > wanted.max:
             names = ", ".join(c.path.name for c in found.images)
@@ -277,6 +279,21 @@ def count_problems(controls: Optional[list[Optional[ControlSet]]], entries: list
                             f"{wanted.required} per training image")
     return problems
 
+
+
+def size_problem(image: ControlImage, wanted: Any, name: str) -> Optional[str]:
+    """Why ``name``'s pipeline would refuse this control file (``wanted``: its ControlSpec's
+    ``min_side`` and ``max_aspect``), or None."""
+    w, h = image.size
+    if wanted.min_side and min(w, h) < wanted.min_side:
+        return (f"control image {image.path} is {w}x{h}; {name} takes references of at least "
+                f"{wanted.min_side} px a side (its pipeline refuses smaller ones); use a "
+                f"larger image or remove it")
+    if wanted.max_aspect and max(w, h) > wanted.max_aspect * min(w, h):
+        return (f"control image {image.path} is {w}x{h}, {max(w, h) / min(w, h):.1f}:1; "
+                f"{name} takes references of at most {wanted.max_aspect:g}:1 (its pipeline "
+                f"refuses longer ones); crop it or remove it")
+    return None
 
 
 def data_family(cfg: Any) -> Optional[str]:

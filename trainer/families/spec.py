@@ -61,6 +61,12 @@ class ControlSpec:
     multiple: int = 16
     sizes: tuple[tuple[int, int], ...] = ()
     shrink_only: bool = False
+    # what the family's pipeline accepts of a control file (FLUX.2's
+    # Flux2ImageProcessor.check_image_input): sides of at least ``min_side`` pixels, the long
+    # side at most ``max_aspect`` times the short one (0: no limit); a file outside them trains
+    # but its samples would be refused, so the dataset check refuses it before the run
+    min_side: int = 0
+    max_aspect: float = 0.0
 
 
 @dataclass(frozen=True)

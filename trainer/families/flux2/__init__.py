@@ -29,5 +29,5 @@ FLUX2 = FamilySpec(
     part_settings={"vae": "model.ae", "qwen3": "model.text_encoder"},
     kohya_version="flux2", textual_inversion=False,
     controls=ControlSpec(max=MAX_REFERENCES, required=0, area=REFERENCE_AREA,
-                         multiple=MULTIPLE, shrink_only=True))
+                         multiple=MULTIPLE, shrink_only=True, min_side=64, max_aspect=8.0))
 SPECS = (FLUX2,)
