@@ -76,9 +76,21 @@ def tasks(model: str) -> list[tuple[Any, ...]]:
 
 
 def run_task(task: tuple[Any, ...]) -> dict[str, Any]:
-    """The entries of one task, made in a worker with a disk cache of its own."""
-    import os
+    """The entries of one task, made in a worker with a disk cache of its own (a folder
+    removed when the task is done)."""
     import tempfile
+
+    home = tempfile.mkdtemp(prefix="advisor-shipped-")
+    try:
+        return _run_task(task, home)
+    finally:
+        import shutil
+
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def _run_task(task: tuple[Any, ...], home: str) -> dict[str, Any]:
+    import os
 
     import torch
 
@@ -86,7 +98,7 @@ def run_task(task: tuple[Any, ...]) -> dict[str, Any]:
     from trainer.advisor.model_configs import _CACHE
     from trainer.config.files import from_dict
 
-    os.environ["KOHYA_STUDIO_HOME"] = tempfile.mkdtemp(prefix="advisor-shipped-")
+    os.environ["KOHYA_STUDIO_HOME"] = home
     _LOADED["index"] = {}  # nothing shipped while the files are made: simulate everything
     kind, model = task[0], task[1]
     if kind == "unet":
