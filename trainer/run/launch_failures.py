@@ -1,0 +1,98 @@
+"""What a failed launch says: the first rank's failure, from the launch's output (torchrun's
+and the ranks' stderr, :data:`trainer.run.launch.OUTPUT`). A rank that fails takes the others
+down with errors of the process group ("Connection closed by peer", "Connection reset by
+peer"), which say nothing of the cause; a rank that crashes (a fatal signal, the out-of-memory
+killer) writes no error line of its own, and torchrun's summary names it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+ROOT_CAUSE = "Root Cause (first observed failure):"  # torchrun's summary of a failed launch
+
+
+def failure_text(error: str, output: Path) -> str:
+    """A failed launch's error: the first rank's own first error, named as such, then what
+    the others said and ``error`` (rank 0's, or the launch's exit status). A rank that fails
+    takes the others down with errors of the process group ("Connection closed by peer"),
+    which say nothing of the cause."""
+    found = _first_failure(output)
+    if found is None:
+        return f"{error}: {_tail(output)}"
+    first, others = found
+    lines = [first] + [f"then {line}" for line in others]
+    if not any(error.splitlines()[0] in line for line in lines):
+        lines.append(f"({error})")
+    return "\n".join(lines)
+
+
+def _rank_errors(output: Path) -> list[str]:
+    """The ranks' error lines (:func:`worker`), in the order they were written."""
+    try:
+        text = output.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return []
+    return [line for line in text if line.startswith("rank ") and ": error: " in line
+            and line[5:].split(":")[0].isdigit()]
+
+
+def _first_failure(output: Path) -> Optional[tuple[str, list[str]]]:
+    """``rank N failed first: ...``: the rank that torchrun's "Root Cause (first observed
+    failure)" names when it died without an error line of its own (killed, out of memory, a
+    crash: the others' errors are then the process group's reaction), else the first rank's
+    own error line; with the other ranks' error lines. None when neither is there."""
+    errors = _rank_errors(output)
+    try:
+        text = [line.rstrip() for line in output.read_text(encoding="utf-8",
+                                                           errors="replace").splitlines()]
+    except OSError:
+        text = []
+    said = {line[5:].split(":")[0] for line in errors}
+    cause = _root_cause([line.strip() for line in text])
+    if cause is not None and cause["rank"] not in said:
+        why = cause.get("traceback", "")
+        crash = _fatal_error(text)
+        return (f"rank {cause['rank']} failed first: exit code {cause.get('exitcode', '?')}"
+                + (f" ({why})" if why and "N/A" not in why else "")
+                + (f": {crash}" if crash else "")), errors
+    if errors:
+        rank, _, message = errors[0].partition(": error: ")
+        return f"{rank} failed first: {message}", errors[1:]
+    return None
+
+
+def _root_cause(text: list[str]) -> Optional[dict[str, str]]:
+    """rank, exitcode and traceback of torchrun's first observed failure, if it printed one."""
+    if ROOT_CAUSE not in text:
+        return None
+    fields: dict[str, str] = {}
+    for line in text[text.index(ROOT_CAUSE) + 1:]:
+        key, sep, value = line.partition(":")
+        if sep and key.strip() in ("rank", "exitcode", "traceback"):
+            fields.setdefault(key.strip(), value.strip())
+    if "rank" not in fields:
+        return None
+    fields["rank"] = fields["rank"].split()[0]
+    fields["exitcode"] = fields.get("exitcode", "?").split()[0]
+    return fields
+
+
+def _fatal_error(text: list[str]) -> str:
+    """Python's own report of a fatal signal (faulthandler, on in every rank): the error and
+    the innermost Python frame it was in, e.g. ``Fatal Python error: Aborted, in File ...``."""
+    for i, line in enumerate(text):
+        if line.startswith("Fatal Python error:"):
+            frame = next((t.strip() for t in text[i + 1:i + 8] if t.strip().startswith("File ")),
+                         "")
+            return line.strip() + (f", in {frame}" if frame else "")
+    return ""
+
+
+def _tail(path: Path, lines: int = 12) -> str:
+    """The last lines of the output."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+    except OSError:
+        return "(no output)"
+    return "\n".join(text[-lines:]) or "(no output)"
