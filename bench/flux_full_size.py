@@ -63,7 +63,12 @@ def _meta_parts() -> dict:
 
 def _layouts(parts: dict) -> dict[str, dict]:
     """file -> {key: (shape, dtype name)} in the published layouts."""
-    from trainer.families.common.mmdit_checkpoint import clip_tensors, flux_tensors, t5_tensors, vae_tensors
+    from trainer.families.common.mmdit_checkpoint import (
+        clip_tensors,
+        flux_tensors,
+        t5_tensors,
+        vae_tensors,
+    )
 
     def spec(tensors: dict, linear_dtype: str, other: str) -> dict:
         return {k: (tuple(v.shape), linear_dtype if v.dim() >= 2 and "embed" not in k

@@ -38,6 +38,7 @@ def flux_lora_file(path, seed: int = 3, rank: int = 4, alpha: float = 2.0,
     from peft import LoraConfig, inject_adapter_in_model
 
     from trainer.families.common.mmdit_lora_file import FlowLoraInfo, save_flow_lora
+    from trainer.families.common.tiny_mmdit import build_flux_components
     from trainer.families.flux.lora import (
         CLIP_TARGETS,
         DOUBLE_PARTS,
@@ -45,7 +46,6 @@ def flux_lora_file(path, seed: int = 3, rank: int = 4, alpha: float = 2.0,
         flux_kohya_state_dict,
         flux_target_modules,
     )
-    from trainer.families.common.tiny_mmdit import build_flux_components
 
     comps = build_flux_components()
     tr, clip = comps["transformer"], comps["text_encoder"]
@@ -66,9 +66,9 @@ def sd3_lora_file(path, seed: int = 3, rank: int = 4, alpha: float = 2.0):
     from peft import LoraConfig, inject_adapter_in_model
 
     from trainer.families.common.mmdit_lora_file import FlowLoraInfo, save_flow_lora
+    from trainer.families.common.tiny_mmdit import build_sd3_components
     from trainer.families.flux.lora import CLIP_TARGETS
     from trainer.families.sd3.lora import sd3_state_dict, sd3_target_modules
-    from trainer.families.common.tiny_mmdit import build_sd3_components
 
     comps = build_sd3_components()
     tr = comps["transformer"]

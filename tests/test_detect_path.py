@@ -1,6 +1,6 @@
-"""One detection (trainer/families/__init__.py) for train, advise, the GUI and the doctor: a diffusers
-folder, an SD single file, a FLUX.1 transformer alone in BFL's layout, a ComfyUI all-in-one
-file; headers only, no torch; and the doctor's --model lines."""
+"""One detection (trainer/families/__init__.py) for train, advise, the GUI and the doctor: a
+diffusers folder, an SD single file, a FLUX.1 transformer alone in BFL's layout, a ComfyUI
+all-in-one file; headers only, no torch; and the doctor's --model lines."""
 
 from __future__ import annotations
 

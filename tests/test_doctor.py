@@ -285,8 +285,8 @@ def test_lists_the_flow_families_tokenizers_clip_and_t5(capsys, tmp_path, monkey
     import huggingface_hub.constants
 
     from trainer.families.common.mmdit_tokenizers import SCHNELL, T5_FETCH
-    from trainer.families.sd.tiny import write_tokenizer_files
     from trainer.families.common.tiny_mmdit import build_t5_tokenizer
+    from trainer.families.sd.tiny import write_tokenizer_files
     from trainer.models.tokenizers import CLIP_L, FETCH
 
     def cached(repo: str) -> Path:

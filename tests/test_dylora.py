@@ -104,8 +104,8 @@ def _unet_out(unet, seed=0, grad=False):
 def test_trained_file_loads_in_diffusers_and_cuts_to_a_smaller_rank(tmp_path):
     from diffusers import StableDiffusionPipeline
 
-    from trainer.models.loader import load_base_model
     from trainer.families.sd.tiny import build_components
+    from trainer.models.loader import load_base_model
 
     cfg = small_config(tmp_path, tmp_path, network={"network_dim": 4, "network_alpha": 2.0,
                                                     "conv_dim": 4, "dylora_unit": 2})

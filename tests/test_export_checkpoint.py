@@ -15,8 +15,8 @@ from safetensors.torch import load_file
 from train_helpers import randomize
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
-from trainer.families.sd.checkpoint import ldm_state_dict, save_checkpoint
 from trainer.export.lora import text_encoder_module_path
+from trainer.families.sd.checkpoint import ldm_state_dict, save_checkpoint
 from trainer.families.sd.tiny import build_components, build_tokenizer
 
 

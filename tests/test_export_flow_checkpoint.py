@@ -1,9 +1,9 @@
 """FLUX.1 and SD 3.x written in their original layouts are read back by diffusers' own reader.
 
-The writer (trainer/families/common/mmdit_checkpoint.py) is held to diffusers' ``from_single_file``, not
-to our loader: the transformer that diffusers builds from the written file gives the original
-tiny model's outputs on fixed inputs. The published sizes are checked without memory on the
-meta device: our writer's header for each shipped config is what diffusers' detection
+The writer (trainer/families/common/mmdit_checkpoint.py) is held to diffusers' ``from_single_file``,
+not to our loader: the transformer that diffusers builds from the written file gives the original
+tiny model's outputs on fixed inputs. The published sizes are checked without memory on the meta
+device: our writer's header for each shipped config is what diffusers' detection
 (``infer_diffusers_model_type``) and ours call that model, and the shipped configs build the
 published parameter counts.
 """
@@ -18,7 +18,11 @@ import torch
 from flow_helpers import scale_diffusers_flux_split
 from safetensors import safe_open
 
-from trainer.families.common.mmdit_checkpoint import flow_state_dict, save_flow_checkpoint, swap_halves
+from trainer.families.common.mmdit_checkpoint import (
+    flow_state_dict,
+    save_flow_checkpoint,
+    swap_halves,
+)
 from trainer.families.common.mmdit_detect import detect_flow, detect_flow_file
 from trainer.families.common.tiny_mmdit import build_flux_components, build_sd3_components
 

@@ -11,8 +11,8 @@ import torch
 from safetensors import safe_open
 
 from trainer.config import TrainConfig
-from trainer.families.common.mmdit_lora_file import FlowLoraInfo, flow_lora_metadata, save_flow_lora
 from trainer.export.metadata import RunFacts, build_lora_metadata
+from trainer.families.common.mmdit_lora_file import FlowLoraInfo, flow_lora_metadata, save_flow_lora
 
 FLUX_DEV = FlowLoraInfo("flux1", "dev", guidance_scale=1, timestep_sampling="flux_shift",
                         discrete_flow_shift=3.1582, model_prediction_type="raw",

@@ -19,13 +19,13 @@ from peft import LoraConfig, inject_adapter_in_model
 from safetensors.torch import load_file
 
 from trainer.families.common.mmdit_lora_file import FlowLoraInfo, save_flow_lora
+from trainer.families.common.tiny_mmdit import build_flux_components
 from trainer.families.flux.lora import (
     CLIP_TARGETS,
     T5_TARGETS,
     flux_kohya_state_dict,
     flux_target_modules,
 )
-from trainer.families.common.tiny_mmdit import build_flux_components
 
 RANK, ALPHA = 4, 2.0
 BFL_DOUBLE = ["img_mod.lin", "img_attn.qkv", "img_attn.proj", "img_mlp.0", "img_mlp.2",

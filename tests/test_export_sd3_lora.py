@@ -13,9 +13,9 @@ from peft import LoraConfig, inject_adapter_in_model
 from safetensors.torch import load_file
 
 from trainer.families.common.mmdit_lora_file import FlowLoraInfo, save_flow_lora
+from trainer.families.common.tiny_mmdit import build_sd3_components
 from trainer.families.flux.lora import CLIP_TARGETS
 from trainer.families.sd3.lora import sd3_state_dict, sd3_target_modules
-from trainer.families.common.tiny_mmdit import build_sd3_components
 
 RANK, ALPHA = 4, 2.0
 COMFY_MAPPED = ["attn.to_q", "attn.to_k", "attn.to_v", "attn.add_q_proj", "attn.add_k_proj",

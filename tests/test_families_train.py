@@ -16,8 +16,8 @@ from train_helpers import one_image_dataset, small_config
 
 from trainer.events import ListSink
 from trainer.families.sd.checkpoint import save_checkpoint
-from trainer.models.loader import load_base_model
 from trainer.families.sd.tiny import save_tiny_model
+from trainer.models.loader import load_base_model
 from trainer.run.loop import run
 
 pytestmark = pytest.mark.usefixtures("no_network")

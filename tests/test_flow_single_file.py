@@ -2,8 +2,8 @@
 
 The files are the tiny models written by trainer/families/common/mmdit_checkpoint.py (itself held to
 diffusers' reader in test_export_flow_checkpoint.py); loaded back with
-trainer/families/common/mmdit_single_file.py, every module equals the original and the transformer gives
-its outputs. The tiny models are not the published size, so their configs come from a folder
+trainer/families/common/mmdit_single_file.py, every module equals the original and the transformer
+gives its outputs. The tiny models are not the published size, so their configs come from a folder
 of configs (``model.config_dir``) or, for the SD 3.x transformer, from the file's header.
 """
 
@@ -22,11 +22,15 @@ from trainer.families.common.mmdit_checkpoint import (
     t5_tensors,
     vae_tensors,
 )
-from trainer.families.spec import DetectionError, ModelLoadError
 from trainer.families.common.mmdit_detect import detect_flow_file
 from trainer.families.common.mmdit_single_file import load_flow_components
-from trainer.families.common.mmdit_tokenizers import T5_FETCH, TokenizerNotFound, load_flow_tokenizers
+from trainer.families.common.mmdit_tokenizers import (
+    T5_FETCH,
+    TokenizerNotFound,
+    load_flow_tokenizers,
+)
 from trainer.families.common.tiny_mmdit import build_flux_components, save_tiny_flow_model
+from trainer.families.spec import DetectionError, ModelLoadError
 
 pytestmark = pytest.mark.usefixtures("no_network")
 

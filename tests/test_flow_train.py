@@ -14,8 +14,8 @@ from safetensors import safe_open
 from train_helpers import one_image_dataset, small_config
 
 from trainer.events import ListSink, Log, Sample, Validation
-from trainer.methods.lora import LoraMethod
 from trainer.families import family_of
+from trainer.methods.lora import LoraMethod
 from trainer.models.loader import resolve_model_path
 from trainer.models.text_conditioning import TextConditioning
 from trainer.run.loop import run

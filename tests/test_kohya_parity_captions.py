@@ -13,11 +13,11 @@ from train_helpers import one_image_dataset, small_config
 
 from trainer.config import TrainConfig
 from trainer.data.captions import CaptionOptions, apply_caption
-from trainer.importers.kohya import import_kohya
 from trainer.families import family_of
-from trainer.models.loader import load_base_model
 from trainer.families.sd.long_prompts import PromptOptions, token_windows
 from trainer.families.sd.weighted_prompts import parse_weights
+from trainer.importers.kohya import import_kohya
+from trainer.models.loader import load_base_model
 from trainer.run.loop import run
 
 LONG = ", ".join(f"red circle {i}" for i in range(40))  # well over 150 tokens

@@ -185,8 +185,8 @@ def test_sdxl_names_are_sd_scripts(tmp_path):
     """SDXL: the UNet's modules by the original layout (lora_unet_input_blocks_4_1_...), the
     text encoders as lora_te1_ / lora_te2_: every name is a module of the single-file model."""
     from trainer.config import EMBEDDED_SDXL
-    from trainer.families.sd.checkpoint import UNET_PREFIX, unet_tensors
     from trainer.export.lycoris import lycoris_tensors
+    from trainer.families.sd.checkpoint import UNET_PREFIX, unet_tensors
     from trainer.models.loader import load_base_model
 
     cfg = lycoris_config(tmp_path, tmp_path, "locon", network={"train_text_encoder": True},

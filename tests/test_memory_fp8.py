@@ -242,8 +242,8 @@ def test_the_loader_streams_the_transformer_into_fp8_storage(tmp_path, monkeypat
     result equals the bf16-built modules stored in fp8 afterwards, bit for bit."""
 
     from trainer.families.common import mmdit_parts as fsf
-    from trainer.models import streamed_load
     from trainer.families.common.mmdit_single_file import load_flow_components
+    from trainer.models import streamed_load
     from trainer.models.memory import T5_SKIP, fp8_parameter_names
 
     path, configs, folder, _ = tiny_flux_file(tmp_path, shipped)
@@ -301,8 +301,8 @@ def test_t5s_fp32_layers_are_stored_in_fp8_and_compute_in_fp32():
     holding the same fp8 values at full width, bit for bit."""
     import copy
 
-    from trainer.models.memory import T5_SKIP, to_compute_dtype
     from trainer.families.common.tiny_mmdit import build_flux_components
+    from trainer.models.memory import T5_SKIP, to_compute_dtype
 
     t5 = build_flux_components()["text_encoder_2"].eval().requires_grad_(False)
     reference = copy.deepcopy(t5)

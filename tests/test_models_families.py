@@ -17,8 +17,8 @@ from diffusers.loaders import single_file_utils as sfu
 from torch._subclasses.fake_tensor import FakeTensorMode
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
-from trainer.families.sd.checkpoint import ldm_state_dict
 from trainer.families.sd import detect as families
+from trainer.families.sd.checkpoint import ldm_state_dict
 from trainer.families.sd.detect import ASSETS, FAMILIES, DetectionError, Evidence
 
 VARIANTS = ("sd1", "sd2-512", "sd2-768-v", "sdxl")

@@ -19,10 +19,10 @@ import torch
 
 from trainer.config import ModelSection
 from trainer.families.sd.checkpoint import save_checkpoint
-from trainer.models import tokenizers
 from trainer.families.sd.detect import FAMILIES
-from trainer.models.loader import ModelLoadError, load_base_model
 from trainer.families.sd.tiny import build_components, save_tiny_model, write_tokenizer_files
+from trainer.models import tokenizers
+from trainer.models.loader import ModelLoadError, load_base_model
 from trainer.models.tokenizers import FETCH, Found, TokenizerNotFound, locate
 
 SD1, SD2, SDXL = FAMILIES["sd1"], FAMILIES["sd2"], FAMILIES["sdxl"]

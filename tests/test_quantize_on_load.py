@@ -16,9 +16,9 @@ from test_memory_fp8 import tiny_flux_file
 from train_helpers import one_image_dataset, small_config
 
 from trainer.events import ListSink, Log, Step
-from trainer.models import quantize, streamed_load
 from trainer.families.common import mmdit_parts as flow_parts
 from trainer.families.common.mmdit_single_file import load_flow_components
+from trainer.models import quantize, streamed_load
 from trainer.models.memory import SKIP_PATTERNS, quantize_linears
 from trainer.run.loop import run
 

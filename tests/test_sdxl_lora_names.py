@@ -9,8 +9,8 @@ import torch
 
 from trainer.config.files import from_dict
 from trainer.export.lora import kohya_state_dict, sgm_unet_names
-from trainer.methods.lora import unet_lora_config
 from trainer.families.sd.tiny import build_sdxl_components
+from trainer.methods.lora import unet_lora_config
 
 # SDXL's attention blocks: diffusers' path -> the SGM layout's
 SGM_ATTENTIONS = {

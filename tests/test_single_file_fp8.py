@@ -13,10 +13,10 @@ from train_helpers import one_image_dataset, randomize, small_config
 
 from trainer.config import ModelSection
 from trainer.events import ListSink, Log, Step
+from trainer.families.sd.tiny import save_tiny_model
 from trainer.models import streamed_load
 from trainer.models.loader import load_base_model
 from trainer.models.memory import FP8, fp8_parameter_names, store_fp8, to_compute_dtype
-from trainer.families.sd.tiny import save_tiny_model
 from trainer.run.loop import run
 
 pytestmark = pytest.mark.usefixtures("no_network")

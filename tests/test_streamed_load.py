@@ -8,9 +8,9 @@ import torch
 from test_models_single_file import BUILDERS, MODULES, assert_same_weights, load, write
 from train_helpers import randomize
 
-from trainer.models import streamed_load
 from trainer.families.sd import single_file
 from trainer.families.sd.tiny import save_tiny_model
+from trainer.models import streamed_load
 
 
 @pytest.fixture(scope="module")

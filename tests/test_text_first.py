@@ -11,8 +11,8 @@ from test_flow_train import flow_config, single_file_model
 
 from trainer.config.files import from_dict
 from trainer.events import ListSink, Log
-from trainer.methods import get_method
 from trainer.families import family_of
+from trainer.methods import get_method
 from trainer.run import caches, text_first
 from trainer.run.loop import run
 

@@ -1,9 +1,9 @@
 """Block swap (``training.blocks_to_swap``): some of the denoiser's blocks live in host memory.
 
-The units are the modules that diffusers' gradient checkpointing runs one at a time: the
-transformer blocks of FLUX.1 / SD 3.5 (double then single), Z-Image's main ``layers``, the ResNet and attention modules
-of a UNet's down, mid and up blocks. The last ``n`` of them in forward order keep their frozen
-weights in host memory (pinned on CUDA, unit by unit: the unpinned weights go as each unit is
+The units are the modules that diffusers' gradient checkpointing runs one at a time: the transformer
+blocks of FLUX.1 / SD 3.5 (double then single), Z-Image's main ``layers``, the ResNet and attention
+modules of a UNet's down, mid and up blocks. The last ``n`` of them in forward order keep their
+frozen weights in host memory (pinned on CUDA, unit by unit: the unpinned weights go as each unit is
 pinned) and visit the device twice a step:
 
 - forward: moved in just before the unit runs, out right after (checkpointing saved nothing

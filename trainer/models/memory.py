@@ -168,9 +168,9 @@ def store_fp8(module: torch.nn.Module, compute_dtype: torch.dtype,
     """Frozen Linear / Conv weights of ``module`` stored in fp8 and computed from a copy in
     ``compute_dtype`` at each forward (:class:`ComputeCopies`); the skipped patterns, the
     model's own fp32 list, peft's adapters and every layer that trains stay as they are, and
-    a layer stored already (by the loader, trainer/families/common/mmdit_single_file.py) now computes
-    in ``compute_dtype`` (the run's precision may be chosen after the load). Returns how many
-    layers it stores now."""
+    a layer stored already (by the loader, trainer/families/common/mmdit_single_file.py) now
+    computes in ``compute_dtype`` (the run's precision may be chosen after the load). Returns how
+    many layers it stores now."""
     count = 0
     for name, layer in fp8_layers(module, skip):
         listed = _fp32_listed(module, name)

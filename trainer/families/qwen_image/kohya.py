@@ -1,7 +1,8 @@
-"""Qwen-Image's keys in a kohya_ss GUI config: none. kohya_ss has no Qwen-Image tab and sd-scripts no
-Qwen-Image trainer (musubi-tuner's qwen_image_train_network.py trains it, from its own options), so no key picks the family,
-none is passed with it alone, and a kohya_ss config never names it: the importer's flow keys
-apply as for any flow family set by hand (``model.model_version = "qwen_image"``)."""
+"""Qwen-Image's keys in a kohya_ss GUI config: none. kohya_ss has no Qwen-Image tab and sd-scripts
+no Qwen-Image trainer (musubi-tuner's qwen_image_train_network.py trains it, from its own options),
+so no key picks the family, none is passed with it alone, and a kohya_ss config never names it: the
+importer's flow keys apply as for any flow family set by hand (``model.model_version =
+"qwen_image"``)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""SD 3 and 3.5 from a diffusers folder (``StableDiffusion3Pipeline``) or a single file's header: the
-transformer in Stability's layout (``joint_blocks.*``) under
-``model.diffusion_model.``, alone or with its parts (:mod:`trainer.families.common.mmdit_detect`
-reads both MMDiT layouts). Torch-free."""
+"""SD 3 and 3.5 from a diffusers folder (``StableDiffusion3Pipeline``) or a single file's header:
+the transformer in Stability's layout (``joint_blocks.*``) under ``model.diffusion_model.``, alone
+or with its parts (:mod:`trainer.families.common.mmdit_detect` reads both MMDiT layouts).
+Torch-free."""
 
 from __future__ import annotations
 

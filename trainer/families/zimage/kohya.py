@@ -1,7 +1,7 @@
 """Z-Image's keys in a kohya_ss GUI config: none. kohya_ss has no Z-Image tab and sd-scripts no
-Z-Image trainer (musubi-tuner's zimage_train_network.py trains it, from its own options), so no key picks the family,
-none is passed with it alone, and a kohya_ss config never names it: the importer's flow keys
-apply as for any flow family set by hand (``model.model_version = "zimage"``)."""
+Z-Image trainer (musubi-tuner's zimage_train_network.py trains it, from its own options), so no key
+picks the family, none is passed with it alone, and a kohya_ss config never names it: the importer's
+flow keys apply as for any flow family set by hand (``model.model_version = "zimage"``)."""
 
 from __future__ import annotations
 
