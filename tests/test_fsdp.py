@@ -137,6 +137,22 @@ def _updates(trained: dict, other: dict, base: dict) -> float:
     return float((diff / update).sqrt())
 
 
+def launched(cfg, sink: ListSink):
+    """``run_launched``, once more when a rank was killed by a signal without an error of its
+    own (a native crash: CI saw one rank of this test die silently once, on a loaded 2-core
+    machine); the crash is reported as a warning, and any other failure stands."""
+    import re
+    import warnings
+
+    result = run_launched(cfg, sink)
+    crashed = re.match(r"rank \d+ failed first: exit code -\d+", result.error or "")
+    if result.status != "failed" or not crashed:
+        return result, sink
+    warnings.warn(f"a rank crashed; the launch runs once more: {result.error}", stacklevel=2)
+    sink = ListSink()
+    return run_launched(cfg, sink), sink
+
+
 def test_fsdp_trains_what_one_process_trains_saves_the_same_files_and_resumes_exactly(
         tmp_path, tiny_model_dir):
     """2 processes x batch 1, UNet and text encoder sharded (gradient checkpointing, EMA, a
@@ -152,8 +168,7 @@ def test_fsdp_trains_what_one_process_trains_saves_the_same_files_and_resumes_ex
         sampling={"sample_prompts": ["a shape"], "sample_every_n_steps": 2, "sample_steps": 2},
         saving={"save_state": True, "save_every_n_steps": 2})
     cfg = dreambooth(tmp_path, "fsdp", **sections)
-    sink = ListSink()
-    sharded = run_launched(cfg, sink)
+    sharded, sink = launched(cfg, ListSink())
     assert sharded.status == "finished" and sharded.step == 3, sharded.error
     assert [e.step for e in sink.of(Step)] == [1, 2, 3]
     assert [e.step for e in sink.of(Sample)] == [2]
@@ -189,8 +204,7 @@ def test_fsdp_trains_what_one_process_trains_saves_the_same_files_and_resumes_ex
     losses = [e.loss for e in sink.of(Step)]
     resumed_cfg = cfg.model_copy(update={"training": cfg.training.model_copy(
         update={"resume": str(state)})})
-    sink = ListSink()
-    resumed = run_launched(resumed_cfg, sink)
+    resumed, sink = launched(resumed_cfg, ListSink())
     assert resumed.status == "finished" and resumed.step == 3, resumed.error
     assert [e.loss for e in sink.of(Step)] == losses[2:]
     again = load_file(resumed.output_path)
