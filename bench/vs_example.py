@@ -73,6 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser, example: str, work: str) -> N
                         "takes one core fewer while other processes keep one busy)")
     parser.add_argument("--df-args", nargs="*", default=[])
     parser.add_argument("--studio-args", nargs="*", default=[])
+    parser.add_argument("--studio-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting of the studio's run (its --set), e.g. "
+                             "training.compile=true; repeat for more")
 
 
 def run_dir(args, tool: str, rep: str) -> Path:
@@ -105,7 +108,7 @@ def studio_cmd(args, config: dict, out: Path) -> list[str]:
     path = out.parent / f"{out.name}.toml"
     path.write_text(tomli_w.dumps(config))
     return [str(ROOT / ".venv/bin/python"), "-m", "trainer", "train", str(path),
-            *args.studio_args]
+            *args.studio_args, *(f"--set={item}" for item in args.studio_set)]
 
 
 def step_times(segments: list[tuple[float, str]], tool: str, steps: int) -> dict[int, float]:

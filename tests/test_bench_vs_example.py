@@ -88,3 +88,20 @@ def test_the_flux2_bench_trains_the_same_layers_with_the_same_settings(tmp_path)
     assert (cfg.training.mixed_precision, cfg.training.train_batch_size) == ("no", 1)
     assert cfg.optimizer.optimizer_type == "AdamW" and cfg.optimizer.learning_rate == 1e-4
     assert not cfg.network.train_text_encoder
+
+
+def test_studio_settings_reach_the_studio_s_command_line(tmp_path):
+    """--studio-set KEY=VALUE (repeated) becomes the studio's --set overrides, which its
+    command line reads as settings."""
+    import argparse
+
+    from trainer.config.files import apply_overrides
+
+    parser = argparse.ArgumentParser()
+    vs_example.add_arguments(parser, "x.py", str(tmp_path))
+    args = parser.parse_args(["--example", str(tmp_path), "--studio-set", "training.compile=true",
+                              "--studio-set", "training.compile_scope=regional"])
+    cmd = vs_example.studio_cmd(args, {"mode": "lora"}, tmp_path / "out")
+    sets = [a.removeprefix("--set=") for a in cmd if a.startswith("--set=")]
+    assert apply_overrides({}, sets) == {"training": {"compile": True,
+                                                      "compile_scope": "regional"}}
