@@ -17,9 +17,13 @@ def failure_text(error: str, output: Path) -> str:
     the others said and ``error`` (rank 0's, or the launch's exit status). A rank that fails
     takes the others down with errors of the process group ("Connection closed by peer"),
     which say nothing of the cause."""
-    found = _first_failure(output)
+    try:
+        text = output.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+    except OSError:
+        text = []
+    found = _first_failure(text)
     if found is None:
-        return f"{error}: {_tail(output)}"
+        return f"{error}: {chr(10).join(text[-12:]) or '(no output)'}"
     first, others = found
     lines = [first] + [f"then {line}" for line in others]
     if not any(error.splitlines()[0] in line for line in lines):
@@ -27,33 +31,20 @@ def failure_text(error: str, output: Path) -> str:
     return "\n".join(lines)
 
 
-def _rank_errors(output: Path) -> list[str]:
-    """The ranks' error lines (:func:`worker`), in the order they were written."""
-    try:
-        text = output.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return []
-    return [line for line in text if line.startswith("rank ") and ": error: " in line
-            and line[5:].split(":")[0].isdigit()]
-
-
-def _first_failure(output: Path) -> Optional[tuple[str, list[str]]]:
+def _first_failure(text: list[str]) -> Optional[tuple[str, list[str]]]:
     """``rank N failed first: ...``: the rank that torchrun's "Root Cause (first observed
     failure)" names when it died without an error line of its own (killed, out of memory, a
     crash: the others' errors are then the process group's reaction), else the first rank's
-    own error line; with the other ranks' error lines. None when neither is there."""
-    errors = _rank_errors(output)
-    try:
-        text = [line.rstrip() for line in output.read_text(encoding="utf-8",
-                                                           errors="replace").splitlines()]
-    except OSError:
-        text = []
+    own error line; with the other ranks' error lines (``trainer.run.launch.worker``'s, in
+    the order they were written). None when neither is there."""
+    errors = [line for line in text if line.startswith("rank ") and ": error: " in line
+              and line[5:].split(":")[0].isdigit()]
     said = {line[5:].split(":")[0] for line in errors}
     cause = _root_cause([line.strip() for line in text])
     if cause is not None and cause["rank"] not in said:
         why = cause.get("traceback", "")
         crash = _fatal_error(text)
-        return (f"rank {cause['rank']} failed first: exit code {cause.get('exitcode', '?')}"
+        return (f"rank {cause['rank']} failed first: exit code {cause['exitcode']}"
                 + (f" ({why})" if why and "N/A" not in why else "")
                 + (f": {crash}" if crash else "")), errors
     if errors:
@@ -87,12 +78,3 @@ def _fatal_error(text: list[str]) -> str:
                          "")
             return line.strip() + (f", in {frame}" if frame else "")
     return ""
-
-
-def _tail(path: Path, lines: int = 12) -> str:
-    """The last lines of the output."""
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
-    except OSError:
-        return "(no output)"
-    return "\n".join(text[-lines:]) or "(no output)"
