@@ -146,6 +146,31 @@ def test_a_rank_killed_without_a_word_is_named_from_torchrun_s_summary(tmp_path,
     assert "exit status 1" in result.error
 
 
+def test_a_killed_rank_is_named_first_when_torchrun_observed_another_first(tmp_path,
+                                                                          monkeypatch):
+    """Rank 0 aborts, rank 1 then fails on the process group and says so, within one poll of
+    torchrun's: its summary may name rank 1 as the first observed failure and rank 0 under
+    "Failures". The rank killed by a signal without a word is still named first; the SIGTERM
+    torchrun sends the others is not a cause."""
+    summary = ["Failures:", "[1]:", "  rank      : 0 (local_rank: 0)",
+               "  exitcode  : -6 (pid: 11)  (SIGABRT)",
+               "  traceback : Signal 6 (SIGABRT) received by PID 11",
+               "[2]:", "  rank      : 2 (local_rank: 2)", "  exitcode  : -15 (pid: 12)",
+               "  traceback : Signal 15 (SIGTERM) received by PID 12",
+               "Root Cause (first observed failure):", "[0]:",
+               "  rank      : 1 (local_rank: 1)", "  exitcode  : 1 (pid: 10)",
+               "  error_file: <N/A>", "  traceback : To enable traceback see: ..."]
+    script = ("import sys\n"
+              "print('rank 1: error: RuntimeError: Connection closed by peer', file=sys.stderr)\n"
+              f"print({chr(10).join(summary)!r})\nsys.exit(1)\n")
+    monkeypatch.setattr(launch, "torchrun_command", lambda *a: [sys.executable, "-c", script])
+    result = run_launched(small_config(tmp_path, tmp_path, training={"num_processes": 3}))
+    lines = result.error.splitlines()
+    assert lines[0] == ("rank 0 failed first: exit code -6 "
+                        "(Signal 6 (SIGABRT) received by PID 11)")
+    assert lines[1] == "then rank 1: error: RuntimeError: Connection closed by peer"
+
+
 def test_a_rank_that_crashes_is_named_before_the_errors_it_caused(tmp_path, monkeypatch):
     """A real torchrun launch: rank 0 aborts (a native crash: no error line of its own, no
     Finished), rank 1 then fails on the process group and says so. The run's error names

@@ -32,16 +32,20 @@ def failure_text(error: str, output: Path) -> str:
 
 
 def _first_failure(text: list[str]) -> Optional[tuple[str, list[str]]]:
-    """``rank N failed first: ...``: the rank that torchrun's "Root Cause (first observed
-    failure)" names when it died without an error line of its own (killed, out of memory, a
-    crash: the others' errors are then the process group's reaction), else the first rank's
-    own error line; with the other ranks' error lines (``trainer.run.launch.worker``'s, in
-    the order they were written). None when neither is there."""
+    """``rank N failed first: ...``: a rank that torchrun's summary names as killed by a
+    signal (not the SIGTERM torchrun sends the others) or as its "first observed failure", and
+    that wrote no error line of its own (a crash, the out-of-memory killer: the others' errors
+    are then the process group's reaction, and torchrun may observe one of those first); else
+    the first rank's own error line. With the other ranks' error lines
+    (``trainer.run.launch.worker``'s, in the order they were written). None when neither is
+    there."""
     errors = [line for line in text if line.startswith("rank ") and ": error: " in line
               and line[5:].split(":")[0].isdigit()]
     said = {line[5:].split(":")[0] for line in errors}
-    cause = _root_cause([line.strip() for line in text])
-    if cause is not None and cause["rank"] not in said:
+    silent = [r for r in _summary([line.strip() for line in text]) if r["rank"] not in said]
+    killed = [r for r in silent if r["exitcode"].startswith("-") and r["exitcode"] != "-15"]
+    cause = (killed or [r for r in silent if r["root"]] or [None])[0]
+    if cause is not None:
         why = cause.get("traceback", "")
         crash = _fatal_error(text)
         return (f"rank {cause['rank']} failed first: exit code {cause['exitcode']}"
@@ -53,20 +57,25 @@ def _first_failure(text: list[str]) -> Optional[tuple[str, list[str]]]:
     return None
 
 
-def _root_cause(text: list[str]) -> Optional[dict[str, str]]:
-    """rank, exitcode and traceback of torchrun's first observed failure, if it printed one."""
+def _summary(text: list[str]) -> list[dict[str, str]]:
+    """torchrun's records of the ranks that failed (rank, exitcode, traceback; ``root``:
+    "yes" for its first observed failure), from the summary it prints at the end."""
     if ROOT_CAUSE not in text:
-        return None
-    fields: dict[str, str] = {}
-    for line in text[text.index(ROOT_CAUSE) + 1:]:
+        return []
+    start = text.index("Failures:") if "Failures:" in text else text.index(ROOT_CAUSE)
+    records: list[dict[str, str]] = []
+    root = ""
+    for line in text[start:]:
+        root = "yes" if line == ROOT_CAUSE else root
         key, sep, value = line.partition(":")
-        if sep and key.strip() in ("rank", "exitcode", "traceback"):
-            fields.setdefault(key.strip(), value.strip())
-    if "rank" not in fields:
-        return None
-    fields["rank"] = fields["rank"].split()[0]
-    fields["exitcode"] = fields.get("exitcode", "?").split()[0]
-    return fields
+        key = key.strip()
+        if sep and key == "rank":
+            records.append({"rank": value.split()[0], "exitcode": "?", "root": root})
+        elif sep and records and key == "exitcode":
+            records[-1]["exitcode"] = value.split()[0]
+        elif sep and records and key == "traceback":
+            records[-1]["traceback"] = value.strip()
+    return records
 
 
 def _fatal_error(text: list[str]) -> str:
