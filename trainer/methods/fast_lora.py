@@ -10,12 +10,23 @@ are bit-identical), and falls back to peft's own forward whenever the layer is i
 state (adapters disabled or merged, extra arguments). A base layer with forward hooks (fp8
 storage, trainer/models/memory.py) is called as a module, so that its hooks run. The modules,
 parameter names and saved files are peft's, unchanged.
+
+A Linear layer whose base is frozen runs as one autograd function, :class:`LoraLinear`: the
+update is added into the base's output in place (``y += (x A^T) B^T * scale``, one matrix
+product that accumulates) and its backward adds the update's input gradient into the base's
+(``dx = dy W + (dy B * scale) A``), and takes the up projection's gradient as ``(h^T dy)^T``, whose
+long side is contiguous. peft's forward instead writes the update and then the sum as two
+more tensors of the output's size, and its backward another of the input's size, and reads
+``dy`` across for the up projection's gradient: on FLUX.2 [klein]'s 3072 x 27648 fused layer at
+768 tokens on a 2-core CPU that costs about 0.1 s of a 1.5 s forward and backward
+(bench/lora_overhead.py ``--wide``). The numbers are peft's maths; only the order of a
+sum's terms can round differently (tests hold them to peft's within float rounding).
 """
 
 from __future__ import annotations
 
 import types
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +41,62 @@ def _lora_update(layer: Any, x: torch.Tensor) -> torch.Tensor:
     return b(a(x))
 
 
+class LoraLinear(torch.autograd.Function):
+    """``F.linear(x, w, bias) + F.linear(F.linear(x, a), b) * scale`` for a frozen ``w`` and
+    ``bias``: one output tensor, the update accumulated into it, and a backward that
+    accumulates likewise. Under autocast it computes in autocast's dtype, as the separate
+    operations would; its gradients reach ``a`` and ``b`` in their own dtype."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor],
+                a: torch.Tensor, b: torch.Tensor, scale: float,
+                dtype: torch.dtype) -> torch.Tensor:
+        with torch.autocast(x.device.type, enabled=False):
+            xc, wc = x.to(dtype), w.to(dtype)
+            ac, bc = a.to(dtype), b.to(dtype)
+            y = F.linear(xc, wc, None if bias is None else bias.to(dtype)).contiguous()
+            h = F.linear(xc, ac)
+            y.view(-1, y.shape[-1]).addmm_(h.reshape(-1, h.shape[-1]), bc.t(), alpha=scale)
+        ctx.save_for_backward(xc, h, w, a, b)
+        ctx.scale, ctx.dtype = scale, dtype
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple:
+        xc, h, w, a, b = ctx.saved_tensors
+        dtype, scale = ctx.dtype, ctx.scale
+        with torch.autocast(dy.device.type, enabled=False):
+            dy2 = dy.reshape(-1, dy.shape[-1]).to(dtype)
+            ac, bc = a.to(dtype), b.to(dtype)
+            dh = dy2 @ bc
+            if scale != 1.0:
+                dh = dh * scale
+            dx = None
+            if ctx.needs_input_grad[0]:
+                dx = dy2 @ w.to(dtype)
+                dx.addmm_(dh, ac)
+                dx = dx.view(xc.shape)
+            da = dh.t() @ xc.reshape(-1, xc.shape[-1]) if ctx.needs_input_grad[3] else None
+            db = None
+            if ctx.needs_input_grad[4]:
+                db = (h.reshape(-1, h.shape[-1]).t() @ dy2).t()
+                if scale != 1.0:
+                    db = db * scale
+        return dx, None, None, da, db, None, None
+
+
+def _compute_dtype(x: torch.Tensor, *weights: torch.Tensor) -> Optional[torch.dtype]:
+    """The dtype :class:`LoraLinear` computes in: autocast's where it is on for ``x``'s
+    device, else the one dtype that ``x`` and the weights share; None where they differ
+    (peft's forward then casts as it does), and on the meta device."""
+    kind = x.device.type
+    if kind == "meta":  # the advisor's simulated step (trainer/advisor/footprint.py), whose
+        return None     # shipped laws were measured on peft's operations
+    if torch.is_autocast_enabled(kind):
+        return torch.get_autocast_dtype(kind)
+    return x.dtype if all(t.dtype == x.dtype for t in weights) else None
+
+
 def _forward(self: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     if args or kwargs or self.disable_adapters or self.merged \
             or self.active_adapters != self._lean_adapter:
@@ -37,6 +104,14 @@ def _forward(self: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Ten
     base = self.base_layer
     # a hooked base layer (fp8 storage computes from a copy in its hooks) is called as a module
     if type(base) is nn.Linear and not base._forward_pre_hooks:
+        a, b = self._lean
+        frozen = not base.weight.requires_grad and (
+            base.bias is None or not base.bias.requires_grad)
+        dtype = frozen and isinstance(a, nn.Linear) and x.dim() >= 2 and _compute_dtype(
+            x, base.weight, a.weight, b.weight)
+        if dtype:
+            return LoraLinear.apply(x, base.weight, base.bias, a.weight, b.weight,
+                                    float(self._lean_scale), dtype)
         result = F.linear(x, base.weight, base.bias)
     else:
         result = base(x)

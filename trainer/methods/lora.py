@@ -104,7 +104,7 @@ class LoraMethod(MethodBase):
         if weights is not None:
             weights.load(trained)  # before the lean forward reads each layer's scale
         for network in (model.denoiser, *(e for _, e, _ in encoders)):
-            lean_forward(network)  # peft's layers, bit for bit, with less Python per call
+            lean_forward(network)  # peft's layers and maths, fewer tensors and less Python
         from trainer.methods.lora_regularize import add_dropout  # sd-scripts' rank/module
 
         net = self.cfg.network

@@ -64,6 +64,7 @@ class Session:
     fsdp: Any = None  # training.distributed = 'fsdp': trainer/run/fsdp.py's Sharded
     family: Any = None  # the model's family object, with the run's guidance (trainer/families)
     objective: Any = None  # DDPM or flow matching (trainer/objectives), built once
+    heap: Any = None  # trainer.system.heap.KeptHeap while a CPU run's steps keep freed blocks
 
     def release(self) -> None:
         """Drop the models and free the device memory (the GUI process lives on)."""
@@ -79,6 +80,9 @@ class Session:
         self.trained, self.ema = [], NoEma()
         self.family = self.objective = None
         gc.collect()
+        if self.heap is not None:
+            self.heap.restore()  # glibc's defaults back, the free pages returned
+            self.heap = None
         if self.device_info is not None:
             from trainer.system.device import empty_cache
 
@@ -146,11 +150,24 @@ def prepare(s: Session, out: Reporter) -> None:
     # before step 1: the heap would keep it beside the steps' own (trainer/run/unused.py)
     gc.collect()
     give_back_free_memory()
+    _keep_freed_blocks(s, out)
     if resume is not None:
         s.progress = load_state(s, resume)
         s.method.after_step(s.model, s.progress.step)  # e.g. a text encoder frozen by then
         out.log(f"Resumed from {resume} at step {s.progress.step} (epoch {s.progress.epoch}, "
                 f"{s.progress.position} batches into it)")
+
+
+def _keep_freed_blocks(s: Session, out: Reporter) -> None:
+    """A CPU run's steps reuse their freed blocks (trainer/system/heap.py)."""
+    from trainer.system.heap import environment_setting, keep_freed_blocks
+
+    s.heap = keep_freed_blocks(s.device_info.backend)
+    if s.heap is not None:
+        out.log("CPU heap: the steps reuse the blocks they free instead of mapping them anew "
+                "(glibc malloc; a MALLOC_ setting in the environment is used instead)")
+    elif s.device_info.backend == "cpu" and environment_setting():
+        out.log(f"CPU heap: as {environment_setting()} in the environment sets it")
 
 
 def _device(s: Session, out: Reporter) -> None:

@@ -1,0 +1,144 @@
+"""A CPU run's steps reuse the heap blocks they free (trainer/system/heap.py): glibc maps large
+blocks on their own and unmaps them when freed, so each step had their pages zeroed and faulted
+in anew. Read back from glibc itself (``mallinfo2``: the bytes in mapped blocks) and from the
+process's page faults."""
+
+from __future__ import annotations
+
+import ctypes
+import resource
+
+import pytest
+import torch
+from train_helpers import one_image_dataset, small_config
+
+from trainer.events import ListSink, Log, Step
+from trainer.run.loop import run
+from trainer.system import heap
+
+BLOCK = 2**28  # float32 elements, never touched: 1 GiB, more than any free chunk of the heap
+STEP = (16, 8, 20, 16, 4)  # a step's large tensors, in MiB of float32 elements (4 bytes each)
+STEP_PAGES = 2 * sum(STEP) * 4 * 2**20 // resource.getpagesize()
+
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+def libc():
+    lib = heap._libc()
+    assert lib is not None, "these tests run on glibc (Linux), as CI does"
+    lib.mallinfo2.restype = MallInfo2
+    return lib
+
+
+def mapped_while_alive() -> int:
+    """The bytes of glibc's own mappings that a live 1 GiB tensor adds (empty: no page of it
+    is touched)."""
+    before = libc().mallinfo2().hblkhd
+    block = torch.empty(BLOCK)
+    grown = libc().mallinfo2().hblkhd - before
+    del block
+    return grown
+
+
+def step_faults() -> int:
+    """Minor page faults of a step-like pattern: large tensors written, then all freed."""
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    xs = [torch.zeros(n * 2**20) for n in STEP]
+    ys = [x + 1 for x in xs]
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    del xs, ys
+    return faults
+
+
+def rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+@pytest.fixture
+def kept():
+    handle = heap.keep_freed_blocks("cpu", environ={})
+    yield handle
+    if handle is not None:
+        handle.restore()
+
+
+def test_large_blocks_come_from_the_heap_and_are_reused(kept):
+    assert isinstance(kept, heap.KeptHeap)
+    assert mapped_while_alive() == 0  # from the heap, not a mapping of its own
+    [step_faults() for _ in range(3)]  # the heap grows to the steps' size
+    assert sum(step_faults() for _ in range(3)) < STEP_PAGES // 2  # then its pages are reused
+
+
+def test_restore_returns_the_free_pages_and_glibc_defaults(kept):
+    [step_faults() for _ in range(3)]
+    held = rss()
+    kept.restore()
+    kept.restore()  # once only
+    assert rss() < held - STEP_PAGES * resource.getpagesize() // 4
+    assert mapped_while_alive() >= BLOCK * 4
+
+
+def test_without_it_glibc_maps_large_blocks():
+    assert mapped_while_alive() >= BLOCK * 4
+
+
+@pytest.mark.parametrize("environ", [{"MALLOC_MMAP_THRESHOLD_": "1048576"},
+                                     {"GLIBC_TUNABLES": "glibc.malloc.mmap_max=0"}])
+def test_the_environment_s_own_malloc_settings_are_left_alone(environ):
+    assert heap.environment_setting(environ) == next(iter(environ))
+    assert heap.keep_freed_blocks("cpu", environ=environ) is None
+    assert mapped_while_alive() >= BLOCK * 4
+
+
+def test_other_backends_are_left_alone():
+    assert heap.keep_freed_blocks("cuda", environ={}) is None
+    assert heap.environment_setting({"MALLOC_MMAP_THRESHOLD_": ""}) is None
+
+
+def lines(sink):
+    return [e.message for e in sink.events if isinstance(e, Log)]
+
+
+class Recorder(ListSink):
+    def __init__(self, seen):
+        super().__init__()
+        self.seen = seen
+
+    def emit(self, event):
+        if isinstance(event, Step):
+            self.seen.append(mapped_while_alive())
+        super().emit(event)
+
+
+def test_a_cpu_run_keeps_freed_blocks_for_its_steps_and_gives_them_back(tmp_path, monkeypatch):
+    for name in heap.ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)
+    restored = []
+    real_restore = heap.KeptHeap.restore
+    monkeypatch.setattr(heap.KeptHeap, "restore",
+                        lambda self: (restored.append(self.active), real_restore(self)))
+    seen = []
+    data = one_image_dataset(tmp_path / "data")
+    sink = Recorder(seen)
+    result = run(small_config(tmp_path, data, training={"max_train_steps": 2}), sink)
+    assert result.status == "finished", result.error
+    assert len(seen) >= 2 and set(seen) == {0}  # every step: large blocks from the heap
+    assert restored == [True]
+    assert any("CPU heap: the steps reuse the blocks they free" in line
+               for line in lines(sink))
+    assert mapped_while_alive() >= BLOCK * 4  # glibc's defaults after the run
+
+
+def test_a_cpu_run_says_when_the_environment_sets_the_heap(tmp_path, monkeypatch):
+    monkeypatch.setenv("MALLOC_TOP_PAD_", "131072")
+    data = one_image_dataset(tmp_path / "data")
+    sink = ListSink()
+    result = run(small_config(tmp_path, data, training={"max_train_steps": 1}), sink)
+    assert result.status == "finished", result.error
+    assert any("CPU heap: as MALLOC_TOP_PAD_ in the environment sets it" in line
+               for line in lines(sink))
