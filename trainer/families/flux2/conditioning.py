@@ -81,11 +81,17 @@ def transformer_call(transformer: Any, latents: torch.Tensor, sigma: torch.Tenso
     """The transformer's output for patchified latents [B, C, H, W] at ``sigma`` [B] (the
     pipeline's ``timestep / 1000``), as the pipeline calls it; [B, C, H, W]. ``references``:
     patchified reference latents (one [B, C, h, w] each), read after the target's tokens;
-    the output keeps the target's."""
+    the output keeps the target's. The first call gives the transformer's SwiGLUs the
+    backward that keeps less (trainer/families/common/swiglu.py; the same numbers)."""
     from diffusers import Flux2KleinPipeline as Pipe
+    from diffusers.models.transformers.transformer_flux2 import Flux2SwiGLU
 
+    from trainer.families.common.swiglu import lean_swiglu
     from trainer.families.flux2.references import pack_references
 
+    if not getattr(transformer, "_lean_swiglu", False):  # once: keeps x, not silu(a) too
+        lean_swiglu(transformer, Flux2SwiGLU)
+        transformer._lean_swiglu = True
     b, c, h, w = latents.shape
     tokens = Pipe._pack_latents(latents)
     img_ids = Pipe._prepare_latent_ids(latents).to(latents.device)
