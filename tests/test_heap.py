@@ -1,6 +1,6 @@
-"""A CPU run's steps reuse the heap blocks they free (trainer/system/heap.py): glibc maps large
-blocks on their own and unmaps them when freed, so each step had their pages zeroed and faulted
-in anew. Read back from glibc itself (``mallinfo2``: the bytes in mapped blocks) and from the
+"""``training.cpu_reuse_freed_memory``: a CPU run's steps reuse the heap blocks they free
+(trainer/system/heap.py): glibc maps large blocks on their own and unmaps them when freed, so
+each step has their pages zeroed and faulted in anew. Read back from glibc itself (``mallinfo2``: the bytes in mapped blocks) and from the
 process's page faults."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from trainer.events import ListSink, Log, Step
 from trainer.run.loop import run
 from trainer.system import heap
 
-BLOCK = 2**28  # float32 elements, never touched: 1 GiB, more than any free chunk of the heap
+BLOCK = 2**28  # float32 elements, never touched: 1 GiB
 STEP = (16, 8, 20, 16, 4)  # a step's large tensors, in MiB of float32 elements (4 bytes each)
 STEP_PAGES = 2 * sum(STEP) * 4 * 2**20 // resource.getpagesize()
 
@@ -35,10 +35,13 @@ def libc():
 
 
 def mapped_while_alive() -> int:
-    """The bytes of glibc's own mappings that a live 1 GiB tensor adds (empty: no page of it
-    is touched)."""
-    before = libc().mallinfo2().hblkhd
-    block = torch.empty(BLOCK)
+    """The bytes of glibc's own mappings that a live tensor adds, one larger than all the
+    heap's free chunks together (so that glibc can only map it or grow the heap) and at least
+    1 GiB; empty: no page of it is touched."""
+    info = libc().mallinfo2()
+    elements = max(BLOCK, (info.fordblks + 2**28) // 4)
+    before = info.hblkhd
+    block = torch.empty(elements)
     grown = libc().mallinfo2().hblkhd - before
     del block
     return grown
@@ -125,7 +128,8 @@ def test_a_cpu_run_keeps_freed_blocks_for_its_steps_and_gives_them_back(tmp_path
     seen = []
     data = one_image_dataset(tmp_path / "data")
     sink = Recorder(seen)
-    result = run(small_config(tmp_path, data, training={"max_train_steps": 2}), sink)
+    result = run(small_config(tmp_path, data, training={"max_train_steps": 2,
+                                                        "cpu_reuse_freed_memory": True}), sink)
     assert result.status == "finished", result.error
     assert len(seen) >= 2 and set(seen) == {0}  # every step: large blocks from the heap
     assert restored == [True]
@@ -138,7 +142,20 @@ def test_a_cpu_run_says_when_the_environment_sets_the_heap(tmp_path, monkeypatch
     monkeypatch.setenv("MALLOC_TOP_PAD_", "131072")
     data = one_image_dataset(tmp_path / "data")
     sink = ListSink()
-    result = run(small_config(tmp_path, data, training={"max_train_steps": 1}), sink)
+    result = run(small_config(tmp_path, data, training={"max_train_steps": 1,
+                                                        "cpu_reuse_freed_memory": True}), sink)
     assert result.status == "finished", result.error
     assert any("CPU heap: as MALLOC_TOP_PAD_ in the environment sets it" in line
                for line in lines(sink))
+
+
+def test_by_default_a_cpu_run_leaves_the_heap_to_glibc(tmp_path, monkeypatch):
+    for name in heap.ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)
+    seen = []
+    data = one_image_dataset(tmp_path / "data")
+    sink = Recorder(seen)
+    result = run(small_config(tmp_path, data, training={"max_train_steps": 2}), sink)
+    assert result.status == "finished", result.error
+    assert seen and min(seen) >= BLOCK * 4  # large blocks mapped on their own, as glibc does
+    assert not any("CPU heap" in line for line in lines(sink))

@@ -159,15 +159,22 @@ def prepare(s: Session, out: Reporter) -> None:
 
 
 def _keep_freed_blocks(s: Session, out: Reporter) -> None:
-    """A CPU run's steps reuse their freed blocks (trainer/system/heap.py)."""
+    """With ``training.cpu_reuse_freed_memory``, a CPU run's steps reuse their freed blocks
+    (trainer/system/heap.py)."""
     from trainer.system.heap import environment_setting, keep_freed_blocks
 
+    if not s.cfg.training.cpu_reuse_freed_memory or s.device_info.backend != "cpu":
+        return
     s.heap = keep_freed_blocks(s.device_info.backend)
     if s.heap is not None:
         out.log("CPU heap: the steps reuse the blocks they free instead of mapping them anew "
-                "(glibc malloc; a MALLOC_ setting in the environment is used instead)")
-    elif s.device_info.backend == "cpu" and environment_setting():
-        out.log(f"CPU heap: as {environment_setting()} in the environment sets it")
+                "(training.cpu_reuse_freed_memory; glibc malloc)")
+    elif environment_setting():
+        out.log(f"CPU heap: as {environment_setting()} in the environment sets it "
+                f"(training.cpu_reuse_freed_memory leaves it so)")
+    else:
+        out.log("training.cpu_reuse_freed_memory: this C library has no glibc mallopt; "
+                "the heap stays as it is", "warning")
 
 
 def _device(s: Session, out: Reporter) -> None:

@@ -1,25 +1,26 @@
-"""The C heap of a CPU run: a step's freed blocks kept for the next step.
+"""The C heap of a CPU run: a step's freed blocks kept for the next step
+(``training.cpu_reuse_freed_memory``).
 
 glibc's malloc maps each block above its mmap threshold (which it raises as mapped blocks are
 freed, up to 32 MiB) on its own, and unmaps it when it is freed. A CPU step's largest tensors
 are above that: FLUX.2 [klein] 4B's fused single-block projection at 768 tokens is 85 MB in
-fp32, and its gradients as much. So every step had the kernel map, zero and fault in those
-pages anew: about 1 of the 20 CPU seconds of a step of bench/flux2_klein_lora_vs_diffusers.py's
-model, with the same peak RSS.
+fp32, and its gradients as much. So every step has the kernel map, zero and fault in those
+pages anew: about 340,000 page faults and 1 of the 20 CPU seconds of a step of
+bench/flux2_klein_lora_vs_diffusers.py's model.
 
-For the steps of a CPU run, :func:`keep_freed_blocks` sets glibc's ``M_MMAP_MAX`` to 0 and its
-``M_TRIM_THRESHOLD`` to its largest (2 GiB): every block comes from the heap, and the blocks a
-step frees serve the next step's tensors, as a GPU's caching allocator reuses device memory (and as
-jemalloc or tcmalloc do under Intel's CPU launcher, which keeps their freed pages). The heap
-already keeps the largest size it reached (README, "Host memory of a CPU run"), so the peak is
-the same. :meth:`KeptHeap.restore` puts glibc's defaults back and returns the free pages when
-the run ends (the web UI's process lives on).
+:func:`keep_freed_blocks` sets glibc's ``M_MMAP_MAX`` to 0 and its ``M_TRIM_THRESHOLD`` to its
+largest (2 GiB): every block comes from the heap, and the blocks a step frees serve the next
+step's tensors (about 1,000 faults a step after the first), as a GPU's caching allocator reuses
+device memory and as jemalloc or tcmalloc do under Intel's CPU launcher. The price is the
+heap's fragmentation: the pages of blocks freed between a step's allocations stay in the
+process, so the peak RSS rises (that model: 10.7 to 9.8 s/step, 4.7 to 5.5 GiB). Hence a
+setting, off by default. :meth:`KeptHeap.restore` puts glibc's defaults back and returns the
+free pages when the run ends (the web UI's process lives on).
 
 Left alone: a heap that the environment configures (a ``MALLOC_..._`` variable of glibc's, such
-as ``MALLOC_MMAP_THRESHOLD_=1048576``, which the README gives to trade speed for memory, or
-``GLIBC_TUNABLES``), and any C library without glibc's ``mallopt`` (macOS, Windows, musl's
-stub changes nothing). A training thread other than the main one (the web UI's) keeps blocks
-under 64 MiB; glibc maps larger ones there whatever the setting.
+as ``MALLOC_MMAP_THRESHOLD_=1048576``, or ``GLIBC_TUNABLES``), and any C library without
+glibc's ``mallopt`` (macOS, Windows, musl). A training thread other than the main one (the web
+UI's) keeps blocks under 64 MiB; glibc maps larger ones there whatever the setting.
 """
 
 from __future__ import annotations
