@@ -1,7 +1,7 @@
 """``training.cpu_reuse_freed_memory``: a CPU run's steps reuse the heap blocks they free
 (trainer/system/heap.py): glibc maps large blocks on their own and unmaps them when freed, so
-each step has their pages zeroed and faulted in anew. Read back from glibc itself (``mallinfo2``: the bytes in mapped blocks) and from the
-process's page faults."""
+each step has their pages zeroed and faulted in anew. Read back from glibc itself
+(``mallinfo2``: the bytes in mapped blocks) and from the process's page faults."""
 
 from __future__ import annotations
 
