@@ -11,11 +11,12 @@ bench/flux2_klein_lora_vs_diffusers.py's model.
 :func:`keep_freed_blocks` sets glibc's ``M_MMAP_MAX`` to 0 and its ``M_TRIM_THRESHOLD`` to its
 largest (2 GiB): every block comes from the heap, and the blocks a step frees serve the next
 step's tensors (about 1,000 faults a step after the first), as a GPU's caching allocator reuses
-device memory and as jemalloc or tcmalloc do under Intel's CPU launcher. The price is the
-heap's fragmentation: the pages of blocks freed between a step's allocations stay in the
-process, so the peak RSS rises (that model: 10.7 to 9.8 s/step, 4.7 to 5.5 GiB). Hence a
-setting, off by default. :meth:`KeptHeap.restore` puts glibc's defaults back and returns the
-free pages when the run ends (the web UI's process lives on).
+device memory and as jemalloc or tcmalloc do under Intel's CPU launcher. On that model it
+saved 3 to 7% of a step (10.1 to 9.8 s) for about the same peak RSS (5.3 to 5.5 GiB either
+way: the heap's fragmentation keeps pages that glibc's mapping would give back); under
+regional compile it raised the peak. Hence a setting, off by default.
+:meth:`KeptHeap.restore` puts glibc's defaults back and returns the free pages when the run
+ends (the web UI's process lives on).
 
 Left alone: a heap that the environment configures (a ``MALLOC_..._`` variable of glibc's, such
 as ``MALLOC_MMAP_THRESHOLD_=1048576``, or ``GLIBC_TUNABLES``), and any C library without

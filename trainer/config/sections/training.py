@@ -82,9 +82,9 @@ class TrainingCore(Section):
     )
     cpu_reuse_freed_memory: bool = setting(
         False, "CPU runs (glibc): the steps reuse the memory they free, instead of the system "
-        "mapping and zeroing it anew for every large tensor: faster steps for more peak RAM "
-        "(bench/flux2_klein_lora_vs_diffusers.py's model: 10.7 to 9.8 s/step, 4.7 to 5.5 GiB; "
-        "README 'Speed'). Off: freed large tensors go back to the system at once.",
+        "mapping and zeroing it anew for every large tensor: a few percent faster steps, for "
+        "a heap that keeps what it reached (README 'Speed'). Off: freed large tensors go back "
+        "to the system at once.",
         advanced=True, label="CPU: reuse freed memory",
     )
     seed: int = setting(42, "Random seed.", ge=0, le=2**32 - 1, label="Seed")
