@@ -28,7 +28,7 @@ class MallInfo2(ctypes.Structure):
 
 
 def libc():
-    lib = heap._libc()
+    lib = heap.glibc()
     assert lib is not None, "these tests run on glibc (Linux), as CI does"
     lib.mallinfo2.restype = MallInfo2
     return lib

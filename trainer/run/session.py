@@ -25,7 +25,8 @@ from trainer.run.caches import fill_latent_cache, fill_text_cache
 from trainer.run.cpu_precision import choose_cpu_precision, cpu_bf16_norms
 from trainer.run.ema import NoEma, make_ema
 from trainer.run.state import Progress
-from trainer.run.unused import give_back_free_memory, release_decoder
+from trainer.run.unused import release_decoder
+from trainer.system.heap import give_back_free_memory
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +148,7 @@ def prepare(s: Session, out: Reporter) -> None:
     fused_steps.install(s)  # optimizer.fused_backward_pass / fused_optimizer_groups
     s.base_model_hash = _base_hash(s.model.source)
     # what the set-up freed (the loaders' scratch, released encoders) goes back to the system
-    # before step 1: the heap would keep it beside the steps' own (trainer/run/unused.py)
+    # before step 1: the heap would keep it beside the steps' own (trainer/system/heap.py)
     gc.collect()
     give_back_free_memory()
     _keep_freed_blocks(s, out)
@@ -166,11 +167,12 @@ def _keep_freed_blocks(s: Session, out: Reporter) -> None:
     if not s.cfg.training.cpu_reuse_freed_memory or s.device_info.backend != "cpu":
         return
     s.heap = keep_freed_blocks(s.device_info.backend)
+    env = environment_setting()
     if s.heap is not None:
         out.log("CPU heap: the steps reuse the blocks they free instead of mapping them anew "
                 "(training.cpu_reuse_freed_memory; glibc malloc)")
-    elif environment_setting():
-        out.log(f"CPU heap: as {environment_setting()} in the environment sets it "
+    elif env:
+        out.log(f"CPU heap: as {env} in the environment sets it "
                 f"(training.cpu_reuse_freed_memory leaves it so)")
     else:
         out.log("training.cpu_reuse_freed_memory: this C library has no glibc mallopt; "

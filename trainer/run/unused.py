@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from trainer.system.heap import give_back_free_memory
+
 DECODES_NOTHING = "this run was set up to decode nothing (no sample prompts, a method that " \
     "saves no VAE)"
 ENCODES_NOTHING = "every image was encoded before the transformer was built and nothing in " \
@@ -32,23 +34,6 @@ class Released(torch.nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError(f"{self.what} was released: {self.why}")
-
-
-def give_back_free_memory() -> None:
-    """Return the C heap's free pages to the system (glibc's ``malloc_trim``; elsewhere
-    nothing): weights smaller than malloc's mapping threshold live in the heap, and freeing
-    them alone leaves the process's memory as it was."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-        trim = getattr(libc, "malloc_trim", None)
-    except OSError:
-        return
-    if trim is not None:
-        trim(0)
 
 
 def decoder_unused(cfg: Any) -> bool:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 from dataclasses import dataclass
 from typing import Optional
@@ -41,14 +42,25 @@ ENVIRONMENT = ("MALLOC_ARENA_MAX", "MALLOC_ARENA_TEST", "MALLOC_MMAP_MAX_",
                "GLIBC_TUNABLES")
 
 
-def _libc() -> Optional[ctypes.CDLL]:
+@functools.lru_cache(maxsize=1)
+def glibc() -> Optional[ctypes.CDLL]:
+    """The process's C library where it is glibc (``mallopt``, ``malloc_trim``), else None."""
     name = ctypes.util.find_library("c")
     try:
         libc = ctypes.CDLL(name) if name else None
     except OSError:
         return None
     return libc if libc is not None and hasattr(libc, "mallopt") \
-        and hasattr(libc, "gnu_get_libc_version") else None
+        and hasattr(libc, "malloc_trim") and hasattr(libc, "gnu_get_libc_version") else None
+
+
+def give_back_free_memory() -> None:
+    """Return the C heap's free pages to the system (glibc's ``malloc_trim``; elsewhere
+    nothing): weights smaller than malloc's mapping threshold live in the heap, and freeing
+    them alone leaves the process's memory as it was."""
+    libc = glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
 
 
 def environment_setting(environ: Optional[dict] = None) -> Optional[str]:
@@ -71,7 +83,7 @@ class KeptHeap:
         self.active = False
         self.libc.mallopt(M_MMAP_MAX, DEFAULT_MMAP_MAX)
         self.libc.mallopt(M_TRIM_THRESHOLD, DEFAULT_TRIM_THRESHOLD)
-        self.libc.malloc_trim(0)
+        give_back_free_memory()
 
 
 def keep_freed_blocks(backend: str, environ: Optional[dict] = None) -> Optional[KeptHeap]:
@@ -80,7 +92,7 @@ def keep_freed_blocks(backend: str, environ: Optional[dict] = None) -> Optional[
     malloc settings)."""
     if backend != "cpu" or environment_setting(environ):
         return None
-    libc = _libc()
+    libc = glibc()
     if libc is None:
         return None
     if not libc.mallopt(M_MMAP_MAX, 0):
