@@ -1,12 +1,16 @@
-"""``training.cpu_reuse_freed_memory``: a CPU run's steps reuse the heap blocks they free
-(trainer/system/heap.py): glibc maps large blocks on their own and unmaps them when freed, so
-each step has their pages zeroed and faulted in anew. Read back from glibc itself
-(``mallinfo2``: the bytes in mapped blocks) and from the process's page faults."""
+"""``training.cpu_freed_memory`` (trainer/system/heap.py): what becomes of the large blocks a
+CPU run's steps free. glibc maps large blocks on their own and unmaps them when freed, raising
+its threshold as it goes; 'reuse' keeps every block in the heap for the next step, 'return'
+maps every block over 128 KiB and gives it back when freed. Read back from glibc itself
+(``mallinfo2``: the mapped blocks and their bytes) and from the process's page faults."""
 
 from __future__ import annotations
 
 import ctypes
 import resource
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -71,13 +75,13 @@ def kept():
 
 
 def test_large_blocks_come_from_the_heap_and_are_reused(kept):
-    assert isinstance(kept, heap.KeptHeap)
+    assert isinstance(kept, heap.HeapMode) and kept.mode == "reuse"
     assert mapped_while_alive() == 0  # from the heap, not a mapping of its own
     [step_faults() for _ in range(3)]  # the heap grows to the steps' size
     assert sum(step_faults() for _ in range(3)) < STEP_PAGES // 2  # then its pages are reused
 
 
-def test_restore_returns_the_free_pages_and_glibc_defaults(kept):
+def test_restore_returns_the_free_pages_and_maps_large_blocks_again(kept):
     [step_faults() for _ in range(3)]
     held = rss()
     kept.restore()
@@ -100,7 +104,66 @@ def test_the_environment_s_own_malloc_settings_are_left_alone(environ):
 
 def test_other_backends_are_left_alone():
     assert heap.keep_freed_blocks("cuda", environ={}) is None
+    assert heap.return_freed_blocks("cuda", environ={}) is None
+    assert heap.set_mode("return", "cuda", environ={}) is None
     assert heap.environment_setting({"MALLOC_MMAP_THRESHOLD_": ""}) is None
+
+
+# -- the thresholds, in a fresh process each: a block of a few MiB comes from a small heap's
+# top or from a mapping of its own depending only on glibc's mmap threshold
+PROBE = """
+import ctypes, sys
+from trainer.system import heap
+
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in (
+        "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost").split()]
+
+libc = heap.glibc()
+libc.mallinfo2.restype = Info
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+
+def mapped(size):
+    before = libc.mallinfo2().hblks
+    block = libc.malloc(size)
+    grown = libc.mallinfo2().hblks - before
+    libc.free(block)
+    return grown
+
+mode, restored = sys.argv[1], sys.argv[2] == "restored"
+handle = heap.set_mode(mode, "cpu", environ={})
+if restored:
+    handle.restore()
+print(mapped(4 << 20), mapped(4 << 20), mapped(64 << 20))
+"""
+
+
+def probe(mode: str, restored: bool = False) -> tuple[int, ...]:
+    """(a 4 MiB block mapped, the next 4 MiB block mapped, a 64 MiB block mapped)."""
+    done = subprocess.run([sys.executable, "-c", PROBE, mode, "restored" if restored else "-"],
+                          capture_output=True, text=True, cwd=Path(__file__).parents[1],
+                          timeout=60, env={"PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    return tuple(int(n) for n in done.stdout.split())
+
+
+def test_glibc_raises_its_threshold_after_a_mapped_block_is_freed():
+    assert probe("glibc") == (1, 0, 1)  # the first 4 MiB mapped, the next from the heap
+
+
+def test_return_maps_every_block_over_128_kib_on_its_own():
+    assert probe("return") == (1, 1, 1)
+
+
+@pytest.mark.parametrize("mode", ["reuse", "return"])
+def test_restore_leaves_glibc_as_its_rule_settles_in_a_training_process(mode):
+    assert probe(mode, restored=True) == (0, 0, 1)  # 32 MiB threshold: 4 MiB from the heap
+
+
+def test_an_unknown_mode_names_the_setting():
+    with pytest.raises(ValueError, match="training.cpu_freed_memory = 'keep'.*glibc, reuse"):
+        heap.set_mode("keep", "cpu", environ={})
 
 
 def lines(sink):
@@ -122,20 +185,20 @@ def test_a_cpu_run_keeps_freed_blocks_for_its_steps_and_gives_them_back(tmp_path
     for name in heap.ENVIRONMENT:
         monkeypatch.delenv(name, raising=False)
     restored = []
-    real_restore = heap.KeptHeap.restore
-    monkeypatch.setattr(heap.KeptHeap, "restore",
+    real_restore = heap.HeapMode.restore
+    monkeypatch.setattr(heap.HeapMode, "restore",
                         lambda self: (restored.append(self.active), real_restore(self)))
     seen = []
     data = one_image_dataset(tmp_path / "data")
     sink = Recorder(seen)
     result = run(small_config(tmp_path, data, training={"max_train_steps": 2,
-                                                        "cpu_reuse_freed_memory": True}), sink)
+                                                        "cpu_freed_memory": "reuse"}), sink)
     assert result.status == "finished", result.error
     assert len(seen) >= 2 and set(seen) == {0}  # every step: large blocks from the heap
     assert restored == [True]
     assert any("CPU heap: the steps reuse the blocks they free" in line
                for line in lines(sink))
-    assert mapped_while_alive() >= BLOCK * 4  # glibc's defaults after the run
+    assert mapped_while_alive() >= BLOCK * 4  # glibc maps large blocks again after the run
 
 
 def test_a_cpu_run_says_when_the_environment_sets_the_heap(tmp_path, monkeypatch):
@@ -143,7 +206,7 @@ def test_a_cpu_run_says_when_the_environment_sets_the_heap(tmp_path, monkeypatch
     data = one_image_dataset(tmp_path / "data")
     sink = ListSink()
     result = run(small_config(tmp_path, data, training={"max_train_steps": 1,
-                                                        "cpu_reuse_freed_memory": True}), sink)
+                                                        "cpu_freed_memory": "reuse"}), sink)
     assert result.status == "finished", result.error
     assert any("CPU heap: as MALLOC_TOP_PAD_ in the environment sets it" in line
                for line in lines(sink))
@@ -159,3 +222,21 @@ def test_by_default_a_cpu_run_leaves_the_heap_to_glibc(tmp_path, monkeypatch):
     assert result.status == "finished", result.error
     assert seen and min(seen) >= BLOCK * 4  # large blocks mapped on their own, as glibc does
     assert not any("CPU heap" in line for line in lines(sink))
+
+
+def test_a_cpu_run_in_return_mode_sets_it_for_its_steps_and_ends_it(tmp_path, monkeypatch):
+    for name in heap.ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)
+    modes = []
+    real_restore = heap.HeapMode.restore
+    monkeypatch.setattr(heap.HeapMode, "restore",
+                        lambda self: (modes.append((self.mode, self.active)),
+                                      real_restore(self)))
+    data = one_image_dataset(tmp_path / "data")
+    sink = ListSink()
+    result = run(small_config(tmp_path, data, training={"max_train_steps": 2,
+                                                        "cpu_freed_memory": "return"}), sink)
+    assert result.status == "finished", result.error
+    assert modes == [("return", True)]
+    assert any("CPU heap: every block over 128 KiB that a step frees goes back" in line
+               and "training.cpu_freed_memory = 'return'" in line for line in lines(sink))

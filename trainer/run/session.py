@@ -65,7 +65,7 @@ class Session:
     fsdp: Any = None  # training.distributed = 'fsdp': trainer/run/fsdp.py's Sharded
     family: Any = None  # the model's family object, with the run's guidance (trainer/families)
     objective: Any = None  # DDPM or flow matching (trainer/objectives), built once
-    heap: Any = None  # trainer.system.heap.KeptHeap while a CPU run's steps keep freed blocks
+    heap: Any = None  # trainer.system.heap.HeapMode while training.cpu_freed_memory sets one
 
     def release(self) -> None:
         """Drop the models and free the device memory (the GUI process lives on)."""
@@ -82,7 +82,7 @@ class Session:
         self.family = self.objective = None
         gc.collect()
         if self.heap is not None:
-            self.heap.restore()  # glibc's defaults back, the free pages returned
+            self.heap.restore()  # glibc's settled settings back, the free pages returned
             self.heap = None
         if self.device_info is not None:
             from trainer.system.device import empty_cache
@@ -151,7 +151,7 @@ def prepare(s: Session, out: Reporter) -> None:
     # before step 1: the heap would keep it beside the steps' own (trainer/system/heap.py)
     gc.collect()
     give_back_free_memory()
-    _keep_freed_blocks(s, out)
+    _heap_mode(s, out)
     if resume is not None:
         s.progress = load_state(s, resume)
         s.method.after_step(s.model, s.progress.step)  # e.g. a text encoder frozen by then
@@ -159,23 +159,29 @@ def prepare(s: Session, out: Reporter) -> None:
                 f"{s.progress.position} batches into it)")
 
 
-def _keep_freed_blocks(s: Session, out: Reporter) -> None:
-    """With ``training.cpu_reuse_freed_memory``, a CPU run's steps reuse their freed blocks
-    (trainer/system/heap.py)."""
-    from trainer.system.heap import environment_setting, keep_freed_blocks
+HEAP_LINES = {
+    "reuse": "the steps reuse the blocks they free instead of mapping them anew",
+    "return": "every block over 128 KiB that a step frees goes back to the system at once",
+}
 
-    if not s.cfg.training.cpu_reuse_freed_memory or s.device_info.backend != "cpu":
+
+def _heap_mode(s: Session, out: Reporter) -> None:
+    """``training.cpu_freed_memory`` for a CPU run's steps (trainer/system/heap.py)."""
+    from trainer.system.heap import environment_setting, set_mode
+
+    mode = s.cfg.training.cpu_freed_memory
+    if mode == "glibc" or s.device_info.backend != "cpu":
         return
-    s.heap = keep_freed_blocks(s.device_info.backend)
+    s.heap = set_mode(mode, s.device_info.backend)
     env = environment_setting()
     if s.heap is not None:
-        out.log("CPU heap: the steps reuse the blocks they free instead of mapping them anew "
-                "(training.cpu_reuse_freed_memory; glibc malloc)")
+        out.log(f"CPU heap: {HEAP_LINES[mode]} (training.cpu_freed_memory = '{mode}'; "
+                "glibc malloc)")
     elif env:
         out.log(f"CPU heap: as {env} in the environment sets it "
-                f"(training.cpu_reuse_freed_memory leaves it so)")
+                f"(training.cpu_freed_memory = '{mode}' leaves it so)")
     else:
-        out.log("training.cpu_reuse_freed_memory: this C library has no glibc mallopt; "
+        out.log(f"training.cpu_freed_memory = '{mode}': this C library has no glibc mallopt; "
                 "the heap stays as it is", "warning")
 
 

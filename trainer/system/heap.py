@@ -1,27 +1,34 @@
-"""The C heap of a CPU run: a step's freed blocks kept for the next step
-(``training.cpu_reuse_freed_memory``).
+"""The C heap of a CPU run's steps (``training.cpu_freed_memory``): what becomes of the large
+blocks a step frees.
 
-glibc's malloc maps each block above its mmap threshold (which it raises as mapped blocks are
-freed, up to 32 MiB) on its own, and unmaps it when it is freed. A CPU step's largest tensors
-are above that: FLUX.2 [klein] 4B's fused single-block projection at 768 tokens is 85 MB in
-fp32, and its gradients as much. So every step has the kernel map, zero and fault in those
-pages anew: about 340,000 page faults and 1 of the 20 CPU seconds of a step of
-bench/flux2_klein_lora_vs_diffusers.py's model.
+glibc's malloc maps each block above its mmap threshold on its own and unmaps it when it is
+freed; it raises that threshold to the size of each mapped block freed, up to 32 MiB, so that
+blocks of the sizes a program keeps freeing come from its heap, which keeps the largest size it
+reached. A CPU step's largest tensors are above 32 MiB (FLUX.2 [klein] 4B's fused single-block
+projection at 768 tokens is 85 MB in fp32, and its gradients as much): every step has the kernel
+map, zero and fault in those pages anew, about 340,000 page faults and 1 of the 20 CPU seconds of
+a step of bench/flux2_klein_lora_vs_diffusers.py's model. The modes:
 
-:func:`keep_freed_blocks` sets glibc's ``M_MMAP_MAX`` to 0 and its ``M_TRIM_THRESHOLD`` to its
-largest (2 GiB): every block comes from the heap, and the blocks a step frees serve the next
-step's tensors (about 1,000 faults a step after the first), as a GPU's caching allocator reuses
-device memory and as jemalloc or tcmalloc do under Intel's CPU launcher. On that model it
-saved 3 to 7% of a step (10.1 to 9.8 s) for about the same peak RSS (5.3 to 5.5 GiB either
-way: the heap's fragmentation keeps pages that glibc's mapping would give back); under
-regional compile it raised the peak. Hence a setting, off by default.
-:meth:`KeptHeap.restore` puts glibc's defaults back and returns the free pages when the run
-ends (the web UI's process lives on).
+- ``"glibc"`` (the default): as above.
+- ``"reuse"`` (:func:`keep_freed_blocks`): ``M_MMAP_MAX`` 0 and ``M_TRIM_THRESHOLD`` at its
+  largest (2 GiB). Every block comes from the heap, and the blocks a step frees serve the next
+  step's tensors (about 1,000 faults a step after the first), as a GPU's caching allocator reuses
+  device memory and as jemalloc or tcmalloc do under Intel's CPU launcher. On that model 3 to 7%
+  faster steps for about the same peak RSS (the heap's fragmentation keeps pages that glibc's
+  mapping would give back); under regional compile it raised the peak.
+- ``"return"`` (:func:`return_freed_blocks`): ``M_MMAP_THRESHOLD`` fixed at 128 KiB, glibc's
+  starting value, which it then no longer raises: every block above it is mapped on its own and
+  leaves the process when freed. On that model 13% less peak RSS for about 5% slower steps.
+
+:meth:`HeapMode.restore` ends either when the run ends (the web UI's process lives on) and
+returns the free pages. glibc has no call that makes a threshold dynamic again once ``mallopt``
+has set one (any of these does), so the restored state is the one its dynamic rule reaches in a
+training process: a 32 MiB mmap threshold and a 64 MiB trim threshold, with mapping allowed.
 
 Left alone: a heap that the environment configures (a ``MALLOC_..._`` variable of glibc's, such
 as ``MALLOC_MMAP_THRESHOLD_=1048576``, or ``GLIBC_TUNABLES``), and any C library without
 glibc's ``mallopt`` (macOS, Windows, musl). A training thread other than the main one (the web
-UI's) keeps blocks under 64 MiB; glibc maps larger ones there whatever the setting.
+UI's) has its own arena, where glibc maps blocks over 64 MiB whatever the mode.
 """
 
 from __future__ import annotations
@@ -34,9 +41,14 @@ from dataclasses import dataclass
 from typing import Optional
 
 # glibc's malloc.h
-M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
-DEFAULT_TRIM_THRESHOLD, DEFAULT_MMAP_MAX = 128 * 1024, 65536
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4
+DEFAULT_MMAP_MAX = 65536
 KEPT_TRIM_THRESHOLD = 2**31 - 1  # mallopt's int: no trim below 2 GiB of free heap top
+RETURN_THRESHOLD = 128 * 1024  # glibc's starting mmap threshold
+# where glibc's dynamic rule settles once a program has freed mapped blocks of 32 MiB (its
+# DEFAULT_MMAP_THRESHOLD_MAX on 64-bit) and sets the trim threshold to twice that
+SETTLED_MMAP_THRESHOLD, SETTLED_TRIM_THRESHOLD = 32 * 2**20, 64 * 2**20
+MODES = ("glibc", "reuse", "return")
 ENVIRONMENT = ("MALLOC_ARENA_MAX", "MALLOC_ARENA_TEST", "MALLOC_MMAP_MAX_",
                "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_TRIM_THRESHOLD_",
                "GLIBC_TUNABLES")
@@ -70,32 +82,56 @@ def environment_setting(environ: Optional[dict] = None) -> Optional[str]:
 
 
 @dataclass
-class KeptHeap:
-    """glibc's heap while it keeps freed blocks; :meth:`restore` ends that."""
+class HeapMode:
+    """glibc's heap in a mode of ``training.cpu_freed_memory``; :meth:`restore` ends it."""
 
     libc: ctypes.CDLL
+    mode: str
     active: bool = True
 
     def restore(self) -> None:
-        """glibc's defaults back, and the heap's free pages returned to the system."""
+        """glibc's settled settings back (the module's docstring says which), and the heap's
+        free pages returned to the system."""
         if not self.active:
             return
         self.active = False
         self.libc.mallopt(M_MMAP_MAX, DEFAULT_MMAP_MAX)
-        self.libc.mallopt(M_TRIM_THRESHOLD, DEFAULT_TRIM_THRESHOLD)
+        self.libc.mallopt(M_MMAP_THRESHOLD, SETTLED_MMAP_THRESHOLD)
+        self.libc.mallopt(M_TRIM_THRESHOLD, SETTLED_TRIM_THRESHOLD)
         give_back_free_memory()
 
 
-def keep_freed_blocks(backend: str, environ: Optional[dict] = None) -> Optional[KeptHeap]:
-    """On the CPU backend with glibc, the heap keeps freed blocks until :meth:`KeptHeap.restore`;
-    None where nothing changed (another backend, another C library, or the environment's own
-    malloc settings)."""
+def _settable(backend: str, environ: Optional[dict]) -> Optional[ctypes.CDLL]:
     if backend != "cpu" or environment_setting(environ):
         return None
-    libc = glibc()
-    if libc is None:
-        return None
-    if not libc.mallopt(M_MMAP_MAX, 0):
+    return glibc()
+
+
+def keep_freed_blocks(backend: str, environ: Optional[dict] = None) -> Optional[HeapMode]:
+    """``"reuse"``: on the CPU backend with glibc, the heap keeps freed blocks until
+    :meth:`HeapMode.restore`; None where nothing changed (another backend, another C library,
+    or the environment's own malloc settings)."""
+    libc = _settable(backend, environ)
+    if libc is None or not libc.mallopt(M_MMAP_MAX, 0):
         return None
     libc.mallopt(M_TRIM_THRESHOLD, KEPT_TRIM_THRESHOLD)
-    return KeptHeap(libc)
+    return HeapMode(libc, "reuse")
+
+
+def return_freed_blocks(backend: str, environ: Optional[dict] = None) -> Optional[HeapMode]:
+    """``"return"``: on the CPU backend with glibc, every block above 128 KiB is mapped on its
+    own and unmapped when freed, until :meth:`HeapMode.restore`; None where nothing changed."""
+    libc = _settable(backend, environ)
+    if libc is None or not libc.mallopt(M_MMAP_THRESHOLD, RETURN_THRESHOLD):
+        return None
+    return HeapMode(libc, "return")
+
+
+def set_mode(mode: str, backend: str, environ: Optional[dict] = None) -> Optional[HeapMode]:
+    """Put glibc's heap in ``mode`` (one of :data:`MODES`); None for ``"glibc"`` and where
+    nothing changed."""
+    if mode not in MODES:
+        raise ValueError(f"training.cpu_freed_memory = {mode!r}: use one of {', '.join(MODES)}")
+    if mode == "glibc":
+        return None
+    return (keep_freed_blocks if mode == "reuse" else return_freed_blocks)(backend, environ)
