@@ -131,34 +131,45 @@ def mapped(size):
     libc.free(block)
     return grown
 
-mode, restored = sys.argv[1], sys.argv[2] == "restored"
+mode, restored, warm = sys.argv[1], sys.argv[2] == "restored", sys.argv[3] == "warm"
+if warm:  # glibc's rule raises its thresholds (mmap 16 MiB, trim 32 MiB), as a set-up does
+    libc.free(libc.malloc(16 << 20))
 handle = heap.set_mode(mode, "cpu", environ={})
 if restored:
     handle.restore()
-print(mapped(4 << 20), mapped(4 << 20), mapped(64 << 20))
+small = [libc.malloc(100 << 10) for _ in range(200)]  # 20 MiB from the heap's top
+for block in reversed(small):
+    libc.free(block)
+print(mapped(4 << 20), mapped(4 << 20), mapped(64 << 20), libc.mallinfo2().arena >> 20)
 """
 
 
-def probe(mode: str, restored: bool = False) -> tuple[int, ...]:
-    """(a 4 MiB block mapped, the next 4 MiB block mapped, a 64 MiB block mapped)."""
-    done = subprocess.run([sys.executable, "-c", PROBE, mode, "restored" if restored else "-"],
+def probe(mode: str, restored: bool = False, warm: bool = False) -> tuple[int, ...]:
+    """(a 4 MiB block mapped, the next 4 MiB block mapped, a 64 MiB block mapped, the MiB the
+    heap holds after 20 MiB of small blocks were freed)."""
+    done = subprocess.run([sys.executable, "-c", PROBE, mode, "restored" if restored else "-",
+                           "warm" if warm else "-"],
                           capture_output=True, text=True, cwd=Path(__file__).parents[1],
                           timeout=60, env={"PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr
     return tuple(int(n) for n in done.stdout.split())
 
 
-def test_glibc_raises_its_threshold_after_a_mapped_block_is_freed():
-    assert probe("glibc") == (1, 0, 1)  # the first 4 MiB mapped, the next from the heap
+def test_glibc_raises_its_thresholds_after_a_mapped_block_is_freed():
+    assert probe("glibc")[:3] == (1, 0, 1)  # the first 4 MiB mapped, the next from the heap
+    assert probe("glibc", warm=True)[3] >= 20  # and keeps what a step freed at the heap's top
 
 
-def test_return_maps_every_block_over_128_kib_on_its_own():
-    assert probe("return") == (1, 1, 1)
+@pytest.mark.parametrize("warm", [False, True])
+def test_return_maps_every_block_over_128_kib_and_trims_the_heap(warm):
+    mapped_4, mapped_4_again, mapped_64, heap_mib = probe("return", warm=warm)
+    assert (mapped_4, mapped_4_again, mapped_64) == (1, 1, 1)
+    assert heap_mib < 5
 
 
 @pytest.mark.parametrize("mode", ["reuse", "return"])
 def test_restore_leaves_glibc_as_its_rule_settles_in_a_training_process(mode):
-    assert probe(mode, restored=True) == (0, 0, 1)  # 32 MiB threshold: 4 MiB from the heap
+    assert probe(mode, restored=True)[:3] == (0, 0, 1)  # 32 MiB threshold: 4 MiB from the heap
 
 
 def test_an_unknown_mode_names_the_setting():
