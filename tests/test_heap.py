@@ -192,13 +192,20 @@ class Recorder(ListSink):
         super().emit(event)
 
 
-def test_a_cpu_run_keeps_freed_blocks_for_its_steps_and_gives_them_back(tmp_path, monkeypatch):
+@pytest.fixture
+def restores(monkeypatch):
+    """No malloc setting in the environment; the (mode, still active) of every restore."""
     for name in heap.ENVIRONMENT:
         monkeypatch.delenv(name, raising=False)
-    restored = []
+    calls = []
     real_restore = heap.HeapMode.restore
     monkeypatch.setattr(heap.HeapMode, "restore",
-                        lambda self: (restored.append(self.active), real_restore(self)))
+                        lambda self: (calls.append((self.mode, self.active)),
+                                      real_restore(self)))
+    return calls
+
+
+def test_a_cpu_run_keeps_freed_blocks_for_its_steps_and_gives_them_back(tmp_path, restores):
     seen = []
     data = one_image_dataset(tmp_path / "data")
     sink = Recorder(seen)
@@ -206,7 +213,7 @@ def test_a_cpu_run_keeps_freed_blocks_for_its_steps_and_gives_them_back(tmp_path
                                                         "cpu_freed_memory": "reuse"}), sink)
     assert result.status == "finished", result.error
     assert len(seen) >= 2 and set(seen) == {0}  # every step: large blocks from the heap
-    assert restored == [True]
+    assert restores == [("reuse", True)]
     assert any("CPU heap: the steps reuse the blocks they free" in line
                for line in lines(sink))
     assert mapped_while_alive() >= BLOCK * 4  # glibc maps large blocks again after the run
@@ -235,19 +242,12 @@ def test_by_default_a_cpu_run_leaves_the_heap_to_glibc(tmp_path, monkeypatch):
     assert not any("CPU heap" in line for line in lines(sink))
 
 
-def test_a_cpu_run_in_return_mode_sets_it_for_its_steps_and_ends_it(tmp_path, monkeypatch):
-    for name in heap.ENVIRONMENT:
-        monkeypatch.delenv(name, raising=False)
-    modes = []
-    real_restore = heap.HeapMode.restore
-    monkeypatch.setattr(heap.HeapMode, "restore",
-                        lambda self: (modes.append((self.mode, self.active)),
-                                      real_restore(self)))
+def test_a_cpu_run_in_return_mode_sets_it_for_its_steps_and_ends_it(tmp_path, restores):
     data = one_image_dataset(tmp_path / "data")
     sink = ListSink()
     result = run(small_config(tmp_path, data, training={"max_train_steps": 2,
                                                         "cpu_freed_memory": "return"}), sink)
     assert result.status == "finished", result.error
-    assert modes == [("return", True)]
+    assert restores == [("return", True)]
     assert any("CPU heap: every block over 128 KiB that a step frees goes back" in line
                and "training.cpu_freed_memory = 'return'" in line for line in lines(sink))
