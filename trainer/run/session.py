@@ -159,25 +159,18 @@ def prepare(s: Session, out: Reporter) -> None:
                 f"{s.progress.position} batches into it)")
 
 
-HEAP_LINES = {
-    "reuse": "the steps reuse the blocks they free instead of mapping them anew",
-    "return": "every block over 128 KiB that a step frees goes back to the system at once",
-}
-
-
 def _heap_mode(s: Session, out: Reporter) -> None:
     """``training.cpu_freed_memory`` for a CPU run's steps (trainer/system/heap.py)."""
-    from trainer.system.heap import environment_setting, set_mode
+    from trainer.system.heap import WHAT_MODES_DO, environment_setting, set_mode
 
     mode = s.cfg.training.cpu_freed_memory
     if mode == "glibc" or s.device_info.backend != "cpu":
         return
     s.heap = set_mode(mode, s.device_info.backend)
-    env = environment_setting()
     if s.heap is not None:
-        out.log(f"CPU heap: {HEAP_LINES[mode]} (training.cpu_freed_memory = '{mode}'; "
+        out.log(f"CPU heap: {WHAT_MODES_DO[mode]} (training.cpu_freed_memory = '{mode}'; "
                 "glibc malloc)")
-    elif env:
+    elif env := environment_setting():
         out.log(f"CPU heap: as {env} in the environment sets it "
                 f"(training.cpu_freed_memory = '{mode}' leaves it so)")
     else:

@@ -50,6 +50,10 @@ RETURN_THRESHOLD = 128 * 1024  # glibc's starting mmap threshold
 # DEFAULT_MMAP_THRESHOLD_MAX on 64-bit) and sets the trim threshold to twice that
 SETTLED_MMAP_THRESHOLD, SETTLED_TRIM_THRESHOLD = 32 * 2**20, 64 * 2**20
 MODES = ("glibc", "reuse", "return")
+WHAT_MODES_DO = {  # the run's log line
+    "reuse": "the steps reuse the blocks they free instead of mapping them anew",
+    "return": "every block over 128 KiB that a step frees goes back to the system at once",
+}
 ENVIRONMENT = ("MALLOC_ARENA_MAX", "MALLOC_ARENA_TEST", "MALLOC_MMAP_MAX_",
                "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_TRIM_THRESHOLD_",
                "GLIBC_TUNABLES")
