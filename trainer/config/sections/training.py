@@ -85,8 +85,8 @@ class TrainingCore(Section):
         "its own rule (they go back to the system, their pages mapped and zeroed anew every "
         "step). 'reuse': the next steps reuse them: a few percent faster steps, for a heap that "
         "keeps what it reached. 'return': every freed block over 128 KiB goes back at once: "
-        "the lowest peak memory (about 10% lower on FLUX.2 klein), for up to 5% slower steps "
-        "(README 'Speed').",
+        "the lowest peak memory (about 10% lower on the README's CPU bench), for up to 5% "
+        "slower steps (README 'Speed').",
         advanced=True, label="CPU: freed memory",
     )
     seed: int = setting(42, "Random seed.", ge=0, le=2**32 - 1, label="Seed")
