@@ -273,3 +273,85 @@ def test_mixed_dtypes_without_autocast_and_the_meta_device_keep_peft_operations(
     lean_forward(meta)
     out = meta.proj(torch.zeros(2, 24, device="meta", requires_grad=True))
     assert type(out.grad_fn).__name__ == "AddBackward0"
+
+
+def ops_of(fn) -> list[str]:
+    """The aten operators that ``fn()`` runs."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    with Record():
+        fn()
+    return seen
+
+
+def test_a_slice_of_a_sequence_runs_as_one_matrix_product():
+    """``x[:, n:]`` of one sequence (the text or image rows of a joint block) is a plain
+    matrix product, not a batched one over an expanded weight (slower on the CPU)."""
+    block = lora_block(alpha=2)
+    lean_forward(block)
+    x = torch.randn(1, 10, 24, generator=torch.Generator().manual_seed(1))[:, 3:]
+    ops = ops_of(lambda: block.proj(x))
+    assert "bmm" not in ops and "mm" in ops or "addmm" in ops
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_some_output_columns_of_a_lean_layer_are_its_whole_output_sliced(bias):
+    from trainer.methods.fast_lora import linear_columns
+
+    block = lora_block(alpha=2, bias=bias)
+    lean_forward(block)
+    x = torch.randn(2, 6, 24, generator=torch.Generator().manual_seed(1))
+    weights = torch.linspace(-1, 1, 40)[10:30]
+
+    def run(fn):
+        layer = block.proj
+        a, b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
+        a.grad = b.grad = None
+        xr = x.detach().clone().requires_grad_(True)
+        out = fn(xr)
+        (out * weights).sum().backward()
+        return out.detach(), xr.grad, a.grad, b.grad
+
+    got = run(lambda xr: linear_columns(block.proj, xr, 10, 30))
+    expected = run(lambda xr: block.proj(xr)[..., 10:30])
+    assert all(map(close, got, expected))
+    assert got[0].shape[-1] == 20 and got[3][:10].abs().sum() == 0 == got[3][30:].abs().sum()
+    # only those rows of the weights are multiplied
+    ops = ops_of(lambda: linear_columns(block.proj, x, 10, 30))
+    assert "bmm" not in ops
+
+
+def test_columns_of_other_layers():
+    """A frozen plain Linear computes those rows of its weight; a trained one, or one with a
+    hook, is computed whole and sliced (the same numbers, the same gradients)."""
+    from trainer.methods.fast_lora import linear_columns
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(24, 40).requires_grad_(False)
+    x = torch.randn(1, 6, 24)
+    assert close(linear_columns(layer, x, 5, 25), layer(x)[..., 5:25])
+    flops = []
+    for cols in ((5, 25), (0, 40)):
+        from torch.utils.flop_counter import FlopCounterMode
+
+        with FlopCounterMode(display=False) as counter:
+            linear_columns(layer, x, *cols)
+        flops.append(counter.get_total_flops())
+    assert flops == [2 * 6 * 24 * 20, 2 * 6 * 24 * 40]
+    layer.requires_grad_(True)
+    got = linear_columns(layer, x, 5, 25)
+    got.sum().backward()
+    grad, layer.weight.grad = layer.weight.grad, None
+    layer(x)[..., 5:25].sum().backward()
+    assert torch.equal(grad, layer.weight.grad)
+    hooked = torch.nn.Linear(24, 40).requires_grad_(False)
+    seen = []
+    hooked.register_forward_pre_hook(lambda module, args: seen.append(True))
+    assert torch.equal(linear_columns(hooked, x, 5, 25), hooked(x)[..., 5:25]) and len(seen) == 2

@@ -54,9 +54,13 @@ class LoraLinear(torch.autograd.Function):
         with torch.autocast(x.device.type, enabled=False):
             xc, wc = x.to(dtype), w.to(dtype)
             ac, bc = a.to(dtype), b.to(dtype)
-            y = F.linear(xc, wc, None if bias is None else bias.to(dtype)).contiguous()
-            h = F.linear(xc, ac)
-            y.view(-1, y.shape[-1]).addmm_(h.reshape(-1, h.shape[-1]), bc.t(), alpha=scale)
+            # as rows: a slice of a sequence (x[:, n:]) would otherwise run as a batched
+            # product over an expanded weight, about a tenth slower on the CPU
+            rows = xc.reshape(-1, xc.shape[-1])
+            y = F.linear(rows, wc, None if bias is None else bias.to(dtype))
+            h = F.linear(rows, ac)
+            y.addmm_(h, bc.t(), alpha=scale)
+            y = y.view(*xc.shape[:-1], y.shape[-1])
         ctx.save_for_backward(xc, h, w, a, b)
         ctx.scale, ctx.dtype = scale, dtype
         return y
@@ -97,19 +101,34 @@ def _compute_dtype(x: torch.Tensor, *weights: torch.Tensor) -> Optional[torch.dt
     return x.dtype if all(t.dtype == x.dtype for t in weights) else None
 
 
+def _lean_state(self: Any) -> bool:
+    """The layer computes its one adapter, as :func:`lean_forward` set it up."""
+    return not (self.disable_adapters or self.merged
+                or self.active_adapters != self._lean_adapter)
+
+
+def _one_function(self: Any, x: torch.Tensor) -> Optional[torch.dtype]:
+    """The dtype :class:`LoraLinear` computes this layer in, for ``x``; None where it cannot
+    (a hooked base, which fp8 storage computes from a copy in its hooks; a trained base; a
+    Conv2d; mixed dtypes without autocast)."""
+    base = self.base_layer
+    if type(base) is not nn.Linear or base._forward_pre_hooks:
+        return None
+    a, b = self._lean
+    frozen = not base.weight.requires_grad and (base.bias is None or not base.bias.requires_grad)
+    return (frozen and isinstance(a, nn.Linear) and x.dim() >= 2
+            and _compute_dtype(x, base.weight, a.weight, b.weight)) or None
+
+
 def _forward(self: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-    if args or kwargs or self.disable_adapters or self.merged \
-            or self.active_adapters != self._lean_adapter:
+    if args or kwargs or not _lean_state(self):
         return self._peft_forward(x, *args, **kwargs)
     base = self.base_layer
     # a hooked base layer (fp8 storage computes from a copy in its hooks) is called as a module
     if type(base) is nn.Linear and not base._forward_pre_hooks:
-        a, b = self._lean
-        frozen = not base.weight.requires_grad and (
-            base.bias is None or not base.bias.requires_grad)
-        dtype = frozen and isinstance(a, nn.Linear) and x.dim() >= 2 and _compute_dtype(
-            x, base.weight, a.weight, b.weight)
+        dtype = _one_function(self, x)
         if dtype:
+            a, b = self._lean
             return LoraLinear.apply(x, base.weight, base.bias, a.weight, b.weight,
                                     float(self._lean_scale), dtype)
         result = F.linear(x, base.weight, base.bias)
@@ -149,3 +168,27 @@ def lean_forward(model: nn.Module, adapter_name: str = "default") -> int:
         module.forward = types.MethodType(_forward, module)
         count += 1
     return count
+
+
+def linear_columns(layer: nn.Module, x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    """``layer(x)[..., start:stop]``, computing only those output columns where that is safe:
+    a frozen ``nn.Linear`` without hooks (its weight's rows ``start:stop``), and a lean LoRA
+    layer on one (:class:`LoraLinear` on those rows of the base weight and of the up
+    projection, whose gradient then reaches those rows alone). Any other layer (a trained
+    weight, fp8 storage's hooks, LyCORIS, bitsandbytes) is computed whole and sliced, so the
+    result is the same with every wrapper; only the sliced product's rounding can differ."""
+    hooked = layer._forward_pre_hooks or layer._forward_hooks
+    if type(layer) is nn.Linear and not hooked and not layer.weight.requires_grad \
+            and (layer.bias is None or not layer.bias.requires_grad):
+        bias = None if layer.bias is None else layer.bias[start:stop]
+        rows = F.linear(x.reshape(-1, x.shape[-1]), layer.weight[start:stop], bias)
+        return rows.view(*x.shape[:-1], rows.shape[-1])
+    if not hooked and getattr(layer, "forward", None) is not None \
+            and getattr(layer.forward, "__func__", None) is _forward and _lean_state(layer):
+        dtype = _one_function(layer, x)
+        if dtype:
+            base, (a, b) = layer.base_layer, layer._lean
+            bias = None if base.bias is None else base.bias[start:stop]
+            return LoraLinear.apply(x, base.weight[start:stop], bias, a.weight,
+                                    b.weight[start:stop], float(layer._lean_scale), dtype)
+    return layer(x)[..., start:stop]
