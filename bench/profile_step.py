@@ -4,7 +4,7 @@ under torch.profiler; prints the seconds per step, the precision chosen and the 
 by self CPU time.
 
     .venv/bin/python bench/profile_step.py CONFIG.toml [--set section.key=value ...]
-        [--steps 3] [--warmup 2] [--top 25] [--trace FILE.json]
+        [--steps 3] [--warmup 2] [--top 25] [--trace FILE.json] [--shapes]
 
 e.g. the peers' SD 1.5-size run at 256 px (bench/compare_peers.py writes its studio.toml in each
 run folder): ``bench/profile_step.py /tmp/cp/sd15_256px/ks_auto_sd15_r1/studio.toml``.
@@ -42,6 +42,8 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=2, help="unprofiled steps before them")
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--trace", type=Path, help="write a Chrome trace of the profiled steps")
+    p.add_argument("--shapes", action="store_true",
+                   help="one row per operator and input shapes (which product runs batched)")
     args = p.parse_args()
 
     import torch
@@ -76,10 +78,10 @@ def main() -> int:
 
     plain = [step() for _ in range(args.warmup)]
     print("unprofiled steps (s): " + ", ".join(f"{x:.3f}" for x in plain), flush=True)
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=False) as prof:
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=args.shapes) as prof:
         times = [step() for _ in range(args.steps)]
     print("profiled steps (s): " + ", ".join(f"{x:.3f}" for x in times), flush=True)
-    averages = prof.key_averages()
+    averages = prof.key_averages(group_by_input_shape=args.shapes)
     for name in ("loss (forward)", "backward", "optimizer"):
         match = [e for e in averages if e.key == name]
         if match:
