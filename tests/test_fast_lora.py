@@ -355,3 +355,16 @@ def test_columns_of_other_layers():
     seen = []
     hooked.register_forward_pre_hook(lambda module, args: seen.append(True))
     assert torch.equal(linear_columns(hooked, x, 5, 25), hooked(x)[..., 5:25]) and len(seen) == 2
+
+
+def test_a_layer_whose_forward_was_replaced_is_computed_whole():
+    """LyCORIS puts its adapter in the original Linear's forward (an attribute of the
+    instance): the columns then come from that forward, not from the bare weight."""
+    from trainer.methods.fast_lora import linear_columns
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(24, 40).requires_grad_(False)
+    extra = torch.randn(40, 24)
+    layer.forward = lambda x: torch.nn.functional.linear(x, layer.weight + extra, layer.bias)
+    x = torch.randn(1, 6, 24)
+    assert torch.equal(linear_columns(layer, x, 5, 25), layer(x)[..., 5:25])

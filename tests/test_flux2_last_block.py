@@ -143,3 +143,31 @@ def test_the_family_call_installs_it():
     assert getattr(plain.single_transformer_blocks[-1].forward, "__func__", None) \
         is not last_block._forward
     assert torch.allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_lycoris_network_on_the_projection_counts_for_the_text_rows_too():
+    """LyCORIS (here LoKr on every Linear of the blocks) replaces the layers' forward: the text
+    rows' keys and values are computed through it, as diffusers' block computes them."""
+    from lycoris import create_lycoris
+
+    models = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        model = _transformer().requires_grad_(False)
+        torch.manual_seed(1)
+        network = create_lycoris(model, 1.0, linear_dim=4, linear_alpha=2, algo="lokr")
+        network.apply_to()
+        for p in network.parameters():
+            if p.requires_grad:
+                torch.nn.init.normal_(p, std=0.1, generator=torch.Generator().manual_seed(3))
+        models.append((model, network))
+    (lean, lean_net), (plain, plain_net) = models
+    live_rows_only(lean)
+
+    def lycoris_step(model, network):
+        out = step(model)
+        return out[:2] + [p.grad for p in network.parameters() if p.requires_grad]
+
+    got, expected = lycoris_step(lean, lean_net), lycoris_step(plain, plain_net)
+    assert close(got, expected) and len(got) > 2
+    assert all(g is not None for g in got[2:])

@@ -177,13 +177,14 @@ def linear_columns(layer: nn.Module, x: torch.Tensor, start: int, stop: int) -> 
     projection, whose gradient then reaches those rows alone). Any other layer (a trained
     weight, fp8 storage's hooks, LyCORIS, bitsandbytes) is computed whole and sliced, so the
     result is the same with every wrapper; only the sliced product's rounding can differ."""
-    hooked = layer._forward_pre_hooks or layer._forward_hooks
+    # LyCORIS puts its adapter in the layer's forward, an attribute of the instance
+    hooked = layer._forward_pre_hooks or layer._forward_hooks or "forward" in vars(layer)
     if type(layer) is nn.Linear and not hooked and not layer.weight.requires_grad \
             and (layer.bias is None or not layer.bias.requires_grad):
         bias = None if layer.bias is None else layer.bias[start:stop]
         rows = F.linear(x.reshape(-1, x.shape[-1]), layer.weight[start:stop], bias)
         return rows.view(*x.shape[:-1], rows.shape[-1])
-    if not hooked and getattr(layer, "forward", None) is not None \
+    if not (layer._forward_pre_hooks or layer._forward_hooks) \
             and getattr(layer.forward, "__func__", None) is _forward and _lean_state(layer):
         dtype = _one_function(layer, x)
         if dtype:
