@@ -303,7 +303,7 @@ def test_a_slice_of_a_sequence_runs_as_one_matrix_product():
 
 @pytest.mark.parametrize("bias", [True, False])
 def test_some_output_columns_of_a_lean_layer_are_its_whole_output_sliced(bias):
-    from trainer.methods.fast_lora import linear_columns
+    from trainer.families.common.columns import linear_columns
 
     block = lora_block(alpha=2, bias=bias)
     lean_forward(block)
@@ -331,7 +331,7 @@ def test_some_output_columns_of_a_lean_layer_are_its_whole_output_sliced(bias):
 def test_columns_of_other_layers():
     """A frozen plain Linear computes those rows of its weight; a trained one, or one with a
     hook, is computed whole and sliced (the same numbers, the same gradients)."""
-    from trainer.methods.fast_lora import linear_columns
+    from trainer.families.common.columns import linear_columns
 
     torch.manual_seed(0)
     layer = torch.nn.Linear(24, 40).requires_grad_(False)
@@ -360,7 +360,7 @@ def test_columns_of_other_layers():
 def test_a_layer_whose_forward_was_replaced_is_computed_whole():
     """LyCORIS puts its adapter in the original Linear's forward (an attribute of the
     instance): the columns then come from that forward, not from the bare weight."""
-    from trainer.methods.fast_lora import linear_columns
+    from trainer.families.common.columns import linear_columns
 
     torch.manual_seed(0)
     layer = torch.nn.Linear(24, 40).requires_grad_(False)

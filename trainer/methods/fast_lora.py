@@ -166,30 +166,23 @@ def lean_forward(model: nn.Module, adapter_name: str = "default") -> int:
         module._lean_adapter = [adapter_name]
         module._peft_forward = module.forward
         module.forward = types.MethodType(_forward, module)
+        module._lean_columns = types.MethodType(_columns, module)
         count += 1
     return count
 
 
-def linear_columns(layer: nn.Module, x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
-    """``layer(x)[..., start:stop]``, computing only those output columns where that is safe:
-    a frozen ``nn.Linear`` without hooks (its weight's rows ``start:stop``), and a lean LoRA
-    layer on one (:class:`LoraLinear` on those rows of the base weight and of the up
-    projection, whose gradient then reaches those rows alone). Any other layer (a trained
-    weight, fp8 storage's hooks, LyCORIS, bitsandbytes) is computed whole and sliced, so the
-    result is the same with every wrapper; only the sliced product's rounding can differ."""
-    # LyCORIS puts its adapter in the layer's forward, an attribute of the instance
-    hooked = layer._forward_pre_hooks or layer._forward_hooks or "forward" in vars(layer)
-    if type(layer) is nn.Linear and not hooked and not layer.weight.requires_grad \
-            and (layer.bias is None or not layer.bias.requires_grad):
-        bias = None if layer.bias is None else layer.bias[start:stop]
-        rows = F.linear(x.reshape(-1, x.shape[-1]), layer.weight[start:stop], bias)
-        return rows.view(*x.shape[:-1], rows.shape[-1])
-    if not (layer._forward_pre_hooks or layer._forward_hooks) \
-            and getattr(layer.forward, "__func__", None) is _forward and _lean_state(layer):
-        dtype = _one_function(layer, x)
-        if dtype:
-            base, (a, b) = layer.base_layer, layer._lean
-            bias = None if base.bias is None else base.bias[start:stop]
-            return LoraLinear.apply(x, base.weight[start:stop], bias, a.weight,
-                                    b.weight[start:stop], float(layer._lean_scale), dtype)
-    return layer(x)[..., start:stop]
+def _columns(self: Any, x: torch.Tensor, start: int, stop: int) -> Optional[torch.Tensor]:
+    """``self(x)[..., start:stop]`` as :class:`LoraLinear` on those rows of the base weight and
+    of the up projection (whose gradient then reaches those rows alone); None where the layer
+    does not run as that function (the caller then computes it whole). Given to each lean layer
+    as ``_lean_columns`` (trainer/families/common/columns.py asks for it)."""
+    if self._forward_pre_hooks or self._forward_hooks \
+            or getattr(self.forward, "__func__", None) is not _forward or not _lean_state(self):
+        return None
+    dtype = _one_function(self, x)
+    if not dtype:
+        return None
+    base, (a, b) = self.base_layer, self._lean
+    bias = None if base.bias is None else base.bias[start:stop]
+    return LoraLinear.apply(x, base.weight[start:stop], bias, a.weight, b.weight[start:stop],
+                            float(self._lean_scale), dtype)

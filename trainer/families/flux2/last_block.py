@@ -5,11 +5,11 @@ The transformer drops the text tokens after its last single-stream block
 outputs for the text rows are never read: only their keys and values matter, for the image
 rows' attention. diffusers computes the whole block for every row. :func:`live_rows_only`
 gives the last block a forward that computes, for the text rows, only the key and value
-columns of the fused input projection (``linear_columns``: those rows of the weight where the
-layer is a frozen Linear or a lean LoRA layer, else the whole layer and a slice), and the
-queries, attention, SwiGLU and output projection for the image rows alone. The image rows are
-diffusers' to float rounding (a product over fewer rows or columns may round differently); the
-text rows it returns are its inputs, which the transformer drops.
+columns of the fused input projection (trainer/families/common/columns.py: those rows of the
+weight where the layer is a frozen Linear or a lean LoRA layer, else the whole layer and a
+slice), and the queries, attention, SwiGLU and output projection for the image rows alone.
+The image rows are diffusers' to float rounding (a product over fewer rows or columns may
+round differently); the text rows it returns are its inputs, which the transformer drops.
 
 On klein 4B's widths that is, per text row, 0.66 of the block's matrix products forward and
 backward: at 256 px (512 text + 256 image tokens) two thirds of the last block's work, at
@@ -86,7 +86,7 @@ def _forward(self: Any, hidden_states: torch.Tensor,
     from diffusers.models.embeddings import apply_rotary_emb
     from diffusers.models.transformers.transformer_flux2 import Flux2Modulation
 
-    from trainer.methods.fast_lora import linear_columns
+    from trainer.families.common.columns import linear_columns
 
     attn = self.attn
     inner = attn.inner_dim
