@@ -82,20 +82,24 @@ def transformer_call(transformer: Any, latents: torch.Tensor, sigma: torch.Tenso
     pipeline's ``timestep / 1000``), as the pipeline calls it; [B, C, H, W]. ``references``:
     patchified reference latents (one [B, C, h, w] each), read after the target's tokens;
     the output keeps the target's. The first call gives the transformer's SwiGLUs the
-    backward that keeps less (trainer/families/common/swiglu.py; the same numbers) and its
+    backward that keeps less (trainer/families/common/swiglu.py; the same numbers), its
     last single-stream block a forward without the text rows it drops
-    (trainer/families/flux2/last_block.py; the same numbers to float rounding)."""
+    (trainer/families/flux2/last_block.py; the same numbers to float rounding), and its
+    shared modulations bf16 storage where their fp32 weights are bf16 values
+    (trainer/families/flux2/shared_weights.py; the same numbers)."""
     from diffusers import Flux2KleinPipeline as Pipe
     from diffusers.models.transformers.transformer_flux2 import Flux2SwiGLU
 
     from trainer.families.common.swiglu import lean_swiglu
     from trainer.families.flux2.last_block import live_rows_only
     from trainer.families.flux2.references import pack_references
+    from trainer.families.flux2.shared_weights import keep_bf16
 
     if not getattr(transformer, "_lean_swiglu", False):  # once: keeps x, not silu(a) too
         lean_swiglu(transformer, Flux2SwiGLU)
         live_rows_only(transformer)
         transformer._lean_swiglu = True
+    keep_bf16(transformer)  # decides once the base is frozen
     b, c, h, w = latents.shape
     tokens = Pipe._pack_latents(latents)
     img_ids = Pipe._prepare_latent_ids(latents).to(latents.device)
