@@ -11,9 +11,10 @@ slice), and the queries, attention, SwiGLU and output projection for the image r
 The image rows are diffusers' to float rounding (a product over fewer rows or columns may
 round differently); the text rows it returns are its inputs, which the transformer drops.
 
-On klein 4B's widths that is, per text row, 0.66 of the block's matrix products forward and
-backward: at 256 px (512 text + 256 image tokens) two thirds of the last block's work, at
-1024 px (4096 image tokens) a tenth of it; one block of 25 in the released model.
+On klein 4B's widths that is, per text row, 0.85 of the block's matrix products (the fused
+projection's 21504 query and MLP columns of 27648, and the output projection), forward and
+backward: at 256 px (512 text + 256 image tokens) 0.57 of the last block's work, at 1024 px
+(4096 image tokens) a tenth of it; one block of 25 in the released model.
 
 Where the call is not the plain one (a KV cache, attention kwargs or a mask, the blocks' split
 output, per-token modulation, another attention processor, a tensor-parallel projection), the
