@@ -5,6 +5,7 @@ forward in every other state."""
 import pytest
 import torch
 from peft import LoraConfig
+from torch.utils.flop_counter import FlopCounterMode
 
 from trainer.config import ModelSection, TrainConfig
 from trainer.methods.fast_lora import lean_forward
@@ -339,8 +340,6 @@ def test_columns_of_other_layers():
     assert close(linear_columns(layer, x, 5, 25), layer(x)[..., 5:25])
     flops = []
     for cols in ((5, 25), (0, 40)):
-        from torch.utils.flop_counter import FlopCounterMode
-
         with FlopCounterMode(display=False) as counter:
             linear_columns(layer, x, *cols)
         flops.append(counter.get_total_flops())

@@ -125,16 +125,14 @@ def _forward(self: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Ten
     if args or kwargs or not _lean_state(self):
         return self._peft_forward(x, *args, **kwargs)
     base = self.base_layer
+    dtype = _one_function(self, x)
+    if dtype:
+        a, b = self._lean
+        return LoraLinear.apply(x, base.weight, base.bias, a.weight, b.weight,
+                                float(self._lean_scale), dtype)
     # a hooked base layer (fp8 storage computes from a copy in its hooks) is called as a module
-    if type(base) is nn.Linear and not base._forward_pre_hooks:
-        dtype = _one_function(self, x)
-        if dtype:
-            a, b = self._lean
-            return LoraLinear.apply(x, base.weight, base.bias, a.weight, b.weight,
-                                    float(self._lean_scale), dtype)
-        result = F.linear(x, base.weight, base.bias)
-    else:
-        result = base(x)
+    plain = type(base) is nn.Linear and not base._forward_pre_hooks
+    result = F.linear(x, base.weight, base.bias) if plain else base(x)
     update = _lora_update(self, x)
     # x * 1.0 is x, bit for bit, and so is its gradient: alpha == rank skips an op each way
     out = result + (update if self._lean_scale == 1.0 else update * self._lean_scale)

@@ -19,7 +19,8 @@ a step of bench/flux2_klein_lora_vs_diffusers.py's model. The modes:
 - ``"return"`` (:func:`return_freed_blocks`): ``M_MMAP_THRESHOLD`` and ``M_TRIM_THRESHOLD``
   fixed at 128 KiB, glibc's starting values, which it then no longer raises: every block above
   it is mapped on its own and leaves the process when freed, and the heap's top is trimmed. On
-  that model about 10% less peak RSS (4.86 GiB against 5.4) for up to 5% slower steps.
+  that model about 10% less peak RSS (4.83 GiB against 5.28) for about 8% slower steps (9.16
+  against 8.51 s).
 
 :meth:`HeapMode.restore` ends either when the run ends (the web UI's process lives on) and
 returns the free pages. glibc has no call that makes a threshold dynamic again once ``mallopt``

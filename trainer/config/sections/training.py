@@ -85,7 +85,7 @@ class TrainingCore(Section):
         "its own rule (they go back to the system, their pages mapped and zeroed anew every "
         "step). 'reuse': the next steps reuse them: a few percent faster steps, for a heap that "
         "keeps what it reached. 'return': every freed block over 128 KiB goes back at once: "
-        "the lowest peak memory (about 10% lower on the README's CPU bench), for up to 5% "
+        "the lowest peak memory (about 10% lower on the README's CPU bench), for about 8% "
         "slower steps (README 'Speed').",
         advanced=True, label="CPU: freed memory",
     )

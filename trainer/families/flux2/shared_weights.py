@@ -36,8 +36,8 @@ def keep_bf16(transformer: Any) -> int:
         return 0
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return 0
-    model = next((m for m in transformer.modules() if hasattr(m, "single_stream_modulation")),
-                 None)
+    model = transformer if hasattr(transformer, "single_stream_modulation") else next(
+        (m for m in transformer.modules() if hasattr(m, "single_stream_modulation")), None)
     count, trained = 0, False
     for name in SHARED if model is not None else ():
         try:
