@@ -42,27 +42,39 @@ def series(snap: dict[str, Any], compare: dict[str, Any] | None = None
 
 
 def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
-    """About ``count`` round values (1, 2 or 5 times a power of ten apart) in [low, high]."""
+    """About ``count`` round values (1, 2 or 5 times a power of ten apart) in [low, high].
+
+    The ticks are counted as whole multiples of the step, never by adding the step up: a range
+    narrower than the values' float resolution (a raw loss and its smoothed value that differ
+    in the last bit) has a step that adding to the value does not change, which looped for ever
+    and filled the memory."""
     if not (math.isfinite(low) and math.isfinite(high)) or high <= low:
         return [low] if math.isfinite(low) else []
     raw = (high - low) / max(count - 1, 1)
     power = 10 ** math.floor(math.log10(raw))
     step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
-    first = math.ceil(low / step - 1e-9) * step
-    ticks, value = [], first
-    while value <= high + step * 1e-9:
-        ticks.append(0.0 if abs(value) < step * 1e-9 else value)
-        value += step
+    first, last = math.ceil(low / step - 1e-9), math.floor(high / step + 1e-9)
+    ticks: list[float] = []
+    for index in range(first, min(last, first + 2 * count) + 1):
+        value = 0.0 if index == 0 else index * step
+        if not ticks or value > ticks[-1]:  # equal values past the float resolution: one tick
+            ticks.append(value)
     return ticks
 
 
 def y_range(lines: dict[str, list[list[float]]]) -> tuple[float, float]:
-    """The loss axis: the finite values' range, widened by 5 % each side ([0, 1] if none)."""
+    """The loss axis: the finite values' range, widened by 5 % each side ([0, 1] if none).
+    Values equal to about a millionth of their size are drawn as equal (widened by 5 % of
+    their size), so that the ticks are round numbers that their labels tell apart."""
     values = [v for points in lines.values() for _, v in points if math.isfinite(v)]
     if not values:
         return 0.0, 1.0
     low, high = min(values), max(values)
-    pad = (high - low) * 0.05 or abs(high) * 0.05 or 0.5
+    size = max(abs(low), abs(high))
+    if high - low > size * 1e-6:
+        pad = (high - low) * 0.05
+    else:
+        pad = size * 0.05 or 0.5
     return low - pad, high + pad
 
 

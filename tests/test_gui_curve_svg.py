@@ -8,6 +8,8 @@ import math
 import re
 import xml.etree.ElementTree as ET
 
+import pytest
+
 from kohya_gui import curve_svg, progress
 
 NS = {"svg": "http://www.w3.org/2000/svg"}
@@ -72,3 +74,20 @@ def test_round_ticks():
     assert curve_svg.nice_ticks(0.0, 1.0) == [0, 0.5, 1.0]
     assert [curve_svg.label(t) for t in curve_svg.nice_ticks(0.1, 0.35, 6)] == [
         "0.1", "0.15", "0.2", "0.25", "0.3", "0.35"]
+
+
+@pytest.mark.timeout(10)  # the defect looped for ever, growing a list by 200 MB/s
+def test_losses_that_differ_in_the_last_bit_draw_round_ticks():
+    # A first step's raw loss and its smoothed value can differ only in the last bit of the
+    # float: the tick step was then below the values' resolution, adding it changed nothing,
+    # and the tick loop never ended (the GUI worker filled the memory, found in CI).
+    raw, smoothed = 1.4062, math.nextafter(1.4062, 2.0)
+    snap = {"loss": [[1, raw]], "smoothed": [[1, smoothed]], "total": 6}
+    root = ET.fromstring(curve_svg.loss_svg(snap))
+    labels = [t.text for t in root.iter("{http://www.w3.org/2000/svg}text")
+              if t.get("text-anchor") == "end"]
+    assert labels and len(set(labels)) == len(labels)  # distinct round values on the loss axis
+    assert all(abs(float(v) - raw) < 0.1 for v in labels)
+    assert len(curve_svg.nice_ticks(raw, smoothed, 6)) <= 2  # bounded whatever the range
+    low, high = 1e20, math.nextafter(1e20, 2e20)
+    assert 1 <= len(curve_svg.nice_ticks(low, high)) <= 10
