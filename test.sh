@@ -27,5 +27,8 @@ export HF_HUB_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False
 # One pytest worker per core (pytest-xdist), each test file on one worker so that a file's
 # fixtures (a GUI server, a trained LoRA) are built once. Each test computes on one thread
 # (tests/conftest.py), so the workers share the cores instead of fighting over them.
-# KOHYA_TEST_WORKERS=0 runs everything in this process.
-exec "$VENV/bin/python" -m pytest -n "${KOHYA_TEST_WORKERS:-auto}" --dist loadfile "$@"
+# KOHYA_TEST_WORKERS=0 runs everything in this process. A worker that dies (killed for its
+# memory, a crash) ends the run with the test it was running named: pytest-xdist replaces a
+# crashed worker and then, under --dist loadfile, can wait for ever (tests/test_test_sh.py).
+exec "$VENV/bin/python" -m pytest -n "${KOHYA_TEST_WORKERS:-auto}" --dist loadfile \
+  --max-worker-restart=0 "$@"
